@@ -74,6 +74,8 @@ def bilevel_weights(
         row with fewer than 2 masked tokens, all-equal masked scores, or any non-finite masked score.
     """
     _check_args(scores, mask, tau, beta, floor)
+    if scores.shape[1] == 0:
+        return torch.ones_like(scores)
     n = mask.sum(dim=1)
     finite = torch.where(mask, torch.isfinite(scores), True).all(dim=1)
 
