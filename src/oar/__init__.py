@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     # trainer (TRL)
     # lab
     # evaluation
+    "load_model_and_tokenizer": "oar.models",
+    "smollm2_gguf_path": "oar.models",
     # visualisation
 }
 
