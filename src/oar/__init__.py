@@ -22,6 +22,16 @@ _EXPORTS: dict[str, str] = {
     "AnswerSpan": "oar.answer_span",
     "locate_answer": "oar.answer_span",
     # importance: probe and scorers
+    "OutcomeProbe": "oar.probe",
+    "ProbeBatch": "oar.probe",
+    "perturbation_scores": "oar.importance",
+    "perturbation_scores_naive": "oar.importance",
+    "gradient_scores": "oar.importance",
+    "uniform_scores": "oar.importance",
+    "random_scores": "oar.importance",
+    "entropy_scores": "oar.importance",
+    "get_scorer": "oar.importance",
+    "SCORERS": "oar.importance",
     # grading
     # trainer (TRL)
     # lab

@@ -1,0 +1,85 @@
+"""OAR-G (OAR_SPEC §3): gradient × input on the input embeddings, one forward + backward per batch.
+
+``J = KL(P_0 || P_final(e + δ))`` (modes ``last`` / ``answer_mean``, δ ~ N(0, σ²) on the reasoning
+rows; the KL has zero gradient at δ = 0) or ``J = φ_0 - φ(e + δ)`` (``answer_joint``; σ = 0 allowed,
+and φ_0 is a constant so no clean forward is needed). ``I_t = |Σ_h (∂J/∂e_t)_h e_{t,h}|``.
+
+Only ``torch.autograd.grad(J, e)`` is called: no parameter ``.grad`` is created or changed, parameters
+keep their ``requires_grad``, dropout is off while scoring and every module's mode is restored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oar.importance._common import check_inputs, divergence, outcome, readout_positions, scoring_mode
+
+
+def gradient_scores(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    reasoning_mask: torch.Tensor,
+    answer_mask: torch.Tensor,
+    mode: str = "answer_mean",
+    noise_std: float = 1e-3,
+    generator: torch.Generator | None = None,
+    batch_size: int | None = None,
+) -> torch.Tensor:
+    """OAR-G importance of every reasoning token.
+
+    Args:
+        model: a Hugging Face causal LM (any dtype; the outcome is computed in float32).
+        input_ids / attention_mask: ``[B, L]`` probes (any padding side).
+        reasoning_mask / answer_mask: ``[B, L]`` bool; reasoning tokens must precede the answer.
+        mode: ``"last"``, ``"answer_mean"`` (default) or ``"answer_joint"``.
+        noise_std: σ of the embedding noise on reasoning rows (> 0 for the KL modes).
+        generator: a ``torch.Generator`` for reproducible noise (the noise of the whole batch is drawn
+            at once, so results do not depend on ``batch_size``).
+        batch_size: rows per forward/backward (default: the whole batch).
+
+    Returns:
+        ``[B, L]`` float32 scores, 0 outside the reasoning and on rows without reasoning or answer.
+    """
+    check_inputs(input_ids, attention_mask, reasoning_mask, answer_mask, mode)
+    if noise_std < 0 or (noise_std == 0 and mode != "answer_joint"):
+        raise ValueError(f"noise_std must be > 0 for mode {mode!r} (>= 0 for answer_joint), got {noise_std}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    B, L = input_ids.shape
+    device = input_ids.device
+    scores = torch.zeros(B, L, dtype=torch.float32, device=device)
+    rows = (reasoning_mask.any(dim=1) & answer_mask.any(dim=1)).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return scores
+    embed = model.get_input_embeddings()
+    noise = None
+    if noise_std > 0:
+        gen_device = generator.device if generator is not None else device
+        noise = torch.randn(B, L, embed.embedding_dim, generator=generator, device=gen_device)
+        noise = (noise * noise_std).to(device)
+    step = batch_size or rows.numel()
+    # inference_mode(False): callers under torch.inference_mode() still get a differentiable graph
+    with torch.inference_mode(False), scoring_mode(model):
+        for i in range(0, rows.numel(), step):
+            idx = rows[i : i + step]
+            ids, am = input_ids[idx].clone(), attention_mask[idx].clone()
+            reasoning = reasoning_mask[idx].clone()
+            position_ids = (am.long().cumsum(dim=1) - 1).clamp_min(0)
+            keep, sel, targets = readout_positions(ids, answer_mask[idx].clone(), mode)
+            with torch.no_grad():
+                e = embed(ids)
+                if mode != "answer_joint":
+                    logits = model(inputs_embeds=e, attention_mask=am, position_ids=position_ids,
+                                   logits_to_keep=keep).logits
+                    reference = outcome(logits, sel, targets, mode)
+            with torch.enable_grad():
+                e_var = e.detach().requires_grad_(True)
+                x = e_var if noise is None else e_var + (noise[idx] * reasoning[..., None]).to(e.dtype)
+                logits = model(inputs_embeds=x, attention_mask=am, position_ids=position_ids,
+                               logits_to_keep=keep).logits
+                new = outcome(logits, sel, targets, mode)
+                objective = -new if mode == "answer_joint" else divergence(reference, new, mode)
+                (grad,) = torch.autograd.grad(objective.sum(), e_var)
+            scores[idx] = ((grad.float() * e.float()).sum(dim=-1).abs() * reasoning).float()
+    return scores
