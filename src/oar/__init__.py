@@ -34,11 +34,24 @@ _EXPORTS: dict[str, str] = {
     "SCORERS": "oar.importance",
     # grading
     # trainer (TRL)
+    "OARConfig": "oar.trainer",
+    "OARGRPOTrainer": "oar.trainer",
     # lab
     # evaluation
     "load_model_and_tokenizer": "oar.models",
     "smollm2_gguf_path": "oar.models",
     # visualisation
+    "AttributionRecord": "oar.attribution",
+    "attribute": "oar.attribution",
+    "attribute_batch": "oar.attribution",
+    "decode_tokens": "oar.attribution",
+    "rank_correlation": "oar.attribution",
+    "read_records": "oar.attribution",
+    "append_records": "oar.attribution",
+    "render_html": "oar.viz.html",
+    "write_html": "oar.viz.html",
+    "render_terminal": "oar.viz.terminal",
+    "write_report": "oar.viz.report",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -1,0 +1,221 @@
+"""OARConfig / OARGRPOTrainer: config validation, parity with TRL's GRPOTrainer, OAR per-token advantages."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm
+
+datasets = pytest.importorskip("datasets")
+trl = pytest.importorskip("trl")
+
+from oar.trainer import OARConfig, OARGRPOTrainer  # noqa: E402
+
+
+def _dataset(n: int = 32, seed: int = 3):
+    return datasets.Dataset.from_list(task_rows(n, seed=seed))
+
+
+def _params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+class RecordingTrainer(OARGRPOTrainer):
+    """Keeps every rollout batch handed to TRL's loss, and counts scorer calls and the rows they scored."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches, self.scored_rows, self.scorer_models = [], [], []
+        if hasattr(self, "_scorer"):
+            inner = self._scorer
+
+            def spy(model, input_ids, *rest, **kw):
+                self.scored_rows.append(input_ids.shape[0])
+                self.scorer_models.append(model)
+                return inner(model, input_ids, *rest, **kw)
+
+            self._scorer = spy
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        self.batches.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in out.items()})
+        return out
+
+
+# --- config -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("credit", "oar"), ("oar_tau", 1.0), ("oar_tau", 0.0), ("oar_beta", -0.1), ("oar_floor", 1.5),
+     ("probe_mode", "mean"), ("answer_source", "gold"), ("noise_std", -1.0), ("oar_batch_size", 0),
+     ("oar_chunk_size", 0), ("oar_dump_every", -1), ("oar_max_probe_length", 1)],
+)
+def test_config_rejects_bad_values_naming_the_field(tmp_path, field, value):
+    with pytest.raises(ValueError, match=field):
+        OARConfig(**grpo_kwargs(str(tmp_path)), **{field: value})
+
+
+def test_config_loads_from_yaml_with_trl_parser(tmp_path):
+    cfg = tmp_path / "oar.yaml"
+    cfg.write_text(f"output_dir: {tmp_path}\nuse_cpu: true\ncredit: oar-p\noar_tau: 0.3\nprobe_mode: answer_joint\n"
+                   "num_generations: 4\nper_device_train_batch_size: 4\nloss_type: dapo\n")
+    (args,) = trl.TrlParser([OARConfig]).parse_args_and_config(["--config", str(cfg), "--oar_beta", "2.0"])
+    assert isinstance(args, OARConfig)
+    assert (args.credit, args.oar_tau, args.oar_beta, args.probe_mode, args.loss_type) == \
+        ("oar-p", 0.3, 2.0, "answer_joint", "dapo")
+    cfg.write_text(f"output_dir: {tmp_path}\nuse_cpu: true\ncredit: nope\n")
+    with pytest.raises(ValueError, match="credit"):
+        trl.TrlParser([OARConfig]).parse_args_and_config(["--config", str(cfg)])
+
+
+def test_lazy_top_level_exports():
+    import oar
+
+    assert oar.OARConfig is OARConfig and oar.OARGRPOTrainer is OARGRPOTrainer
+    assert {"OARConfig", "OARGRPOTrainer"} <= set(dir(oar))
+
+
+def test_trainer_refuses_a_plain_grpo_config(tmp_path, char_tokenizer):
+    with pytest.raises(ValueError, match="OARConfig"):
+        OARGRPOTrainer(model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+                       args=trl.GRPOConfig(**grpo_kwargs(str(tmp_path))), train_dataset=_dataset(),
+                       processing_class=char_tokenizer)
+
+
+# --- parity with the peer ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
+def test_credit_grpo_is_bit_identical_to_trl(tmp_path, char_tokenizer, loss_type):
+    base = warm_tiny_lm(char_tokenizer)
+    before = _params(base)
+    kw = grpo_kwargs(str(tmp_path), loss_type=loss_type, max_steps=2)
+    peer = trl.GRPOTrainer(model=copy.deepcopy(base), reward_funcs=exact_reward, args=trl.GRPOConfig(**kw),
+                           train_dataset=_dataset(), processing_class=char_tokenizer)
+    peer.train()
+    ours = RecordingTrainer(model=copy.deepcopy(base), reward_funcs=exact_reward,
+                            args=OARConfig(**kw, credit="grpo"), train_dataset=_dataset(),
+                            processing_class=char_tokenizer)
+    ours.train()
+
+    # the adapter path really ran: [B, T] per-token advantages, some non-zero
+    assert ours.batches and all(b["advantages"].dim() == 2 for b in ours.batches)
+    assert any(b["advantages"].abs().sum() > 0 for b in ours.batches)
+    p_peer, p_ours = _params(peer.model), _params(ours.model)
+    assert any(not torch.equal(before[k], p_peer[k]) for k in before), "training did not move the parameters"
+    for k in p_peer:
+        assert torch.equal(p_peer[k], p_ours[k]), f"{k} differs from TRL's GRPOTrainer ({loss_type})"
+    ours_logs = [h for h in ours.state.log_history if "loss" in h]
+    peer_logs = [h for h in peer.state.log_history if "loss" in h]
+    assert [h["loss"] for h in ours_logs] == [h["loss"] for h in peer_logs]
+    assert all(h["oar/frac_uniform"] == 0.0 and h["oar/weight_std"] == 0.0 for h in ours_logs)
+
+
+# --- OAR weights ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("credit, answer_source", [("oar-g", "completion"), ("oar-p", "reference")])
+def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_source):
+    trainer = RecordingTrainer(
+        model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+        args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, answer_source=answer_source,
+                       oar_batch_size=3),
+        train_dataset=_dataset(), processing_class=char_tokenizer,
+    )
+    trainer.train()
+    (batch,) = trainer.batches
+    adv, mask = batch["advantages"], batch["completion_mask"].bool()
+    seq = adv[:, 0]  # token 0 is reasoning or not, but a row's advantage sign and zero-ness are per row
+    active = (adv != 0).any(dim=1)
+    assert 0 < int(active.sum()) < adv.shape[0], "test needs groups with and without reward variance"
+    assert sum(trainer.scored_rows) == int(active.sum()), "rows with zero advantage must not be scored"
+    assert max(trainer.scored_rows) <= 3
+    assert torch.equal(adv[~active], torch.zeros_like(adv[~active]))
+
+    probe = trainer._probe.build(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
+                                 batch["completion_mask"],
+                                 references=[None] * len(adv) if answer_source == "completion" else None)
+    reasoning = probe.completion_reasoning_mask & probe.valid[:, None] & active[:, None]
+    reshaped = 0
+    for i in reasoning.any(dim=1).nonzero().squeeze(1).tolist():
+        a = adv[i][mask[i] & ~reasoning[i]]
+        a_row = a[0] if a.numel() else seq[i]
+        assert torch.allclose(a, a_row.expand_as(a)), "non-reasoning tokens keep the sequence advantage"
+        w = adv[i][reasoning[i]] / a_row
+        assert torch.all(w >= 0)
+        assert torch.isclose(w.mean(), torch.tensor(1.0), atol=1e-5), "reasoning weights have mean 1"
+        reshaped += int(w.std() > 1e-3)
+    assert reshaped > 0, "no completion got non-uniform weights"
+
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    for key in ("oar/ess_ratio", "oar/weight_std", "oar/frac_uniform", "oar/frac_scored", "oar/importance_time",
+                "oar/importance_share", "grad_norm", "oar/grad_clipped", "reward"):
+        assert key in logs[0], key
+    assert 0 < logs[0]["oar/ess_ratio"] < 1 and logs[0]["oar/weight_std"] > 0
+    assert 0 < logs[0]["oar/importance_share"] < 1
+    assert logs[0]["oar/frac_scored"] == pytest.approx(float(active.float().mean()))
+
+
+def test_weights_reused_across_iterations_and_accumulation(tmp_path, char_tokenizer):
+    trainer = RecordingTrainer(
+        model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+        args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                                     gradient_accumulation_steps=2, num_iterations=2), credit="oar-g"),
+        train_dataset=_dataset(), processing_class=char_tokenizer,
+    )
+    before = _params(trainer.model)
+    trainer.train()
+    assert len(trainer.batches) == 1, "one rollout batch feeds 2 accumulation steps x 2 iterations"
+    assert sum(trainer.scored_rows) == int((trainer.batches[0]["advantages"] != 0).any(dim=1).sum())
+    assert trainer.batches[0]["old_per_token_logps"] is not None
+    after = _params(trainer.model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_every_loss_type_takes_token_advantages(tmp_path, char_tokenizer):
+    """Gradients under each TRL loss differ between OAR advantages and their uniform (GRPO) counterpart."""
+    trainer = RecordingTrainer(
+        model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+        args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit="oar-g"),
+        train_dataset=_dataset(), processing_class=char_tokenizer,
+    )
+    trainer.train()
+    batch = dict(trainer.batches[0])
+    uniform = dict(batch)
+    rows = batch["advantages"]
+    mask = batch["completion_mask"].bool()
+    uniform["advantages"] = torch.where(mask, rows, 0).sum(1) / mask.sum(1).clamp_min(1)  # [B]: A (mean weight 1)
+    model = trainer.model
+    for loss_type in ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo"):
+        trainer.loss_type = loss_type
+        grads = []
+        for inputs in (batch, uniform):
+            model.zero_grad()
+            loss = trainer.compute_loss(model, inputs)
+            loss.backward()
+            assert torch.isfinite(loss), loss_type
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        assert grads[0].abs().sum() > 0, loss_type
+        assert not torch.allclose(grads[0], grads[1]), f"{loss_type}: token weights had no effect"
+
+
+def test_lora_with_kl_scores_through_the_adapter(tmp_path, char_tokenizer):
+    peft = pytest.importorskip("peft")
+    trainer = RecordingTrainer(
+        model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+        args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=2, beta=0.05, learning_rate=1e-2), credit="oar-g"),
+        train_dataset=_dataset(), processing_class=char_tokenizer,
+        peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    lora_before = {k: v.clone() for k, v in _params(trainer.model).items() if "lora_B" in k}
+    trainer.train()
+    assert trainer.scorer_models and all(isinstance(m, peft.PeftModel) for m in trainer.scorer_models)
+    assert all("ref_per_token_logps" in b for b in trainer.batches)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert all("kl" in h and h["kl"] is not None for h in logs)
+    after = _params(trainer.model)
+    assert any(not torch.equal(v, after[k]) for k, v in lora_before.items()), "the adapter did not train"
