@@ -1,0 +1,167 @@
+"""A seeded procedural arithmetic task with worked solutions and exact pivotal-token labels.
+
+A problem is a left-to-right chain of additions and subtractions, e.g. prompt ``"57+8-6+9="``; its worked
+solution computes one step per line and ends in the boxed answer:
+
+    57+8=65; ok; 65-6=59; fine; 59+9=68; next; \\boxed{68}
+
+Every character of the completion carries a label (one char = one token with the lab tokenizer):
+``PIVOTAL`` (digits of operands and intermediate results: the answer is a function of them),
+``STRUCTURE`` (operators, ``=``, separators), ``FILLER`` (answer-irrelevant padding, the verbosity knob)
+and ``ANSWER`` (the final ``\\boxed{...}`` statement).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import asdict, dataclass, replace
+
+PIVOTAL, STRUCTURE, FILLER, ANSWER = 0, 1, 2, 3
+LABEL_NAMES = ("pivotal", "structure", "filler", "answer")
+# answer-irrelevant commentary; no digits, so a filler never restates a value the answer could copy
+FILLERS: tuple[str, ...] = (
+    "ok", "fine", "next", "good", "check", "sure", "so far so good", "keep going", "looks right",
+    "carry on", "right", "noted", "moving on", "all good", "step done", "easy",
+)
+STEP_SEP = "; "
+BOXED = "\\boxed{"
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Difficulty knobs of the arithmetic task.
+
+    ``steps``: inclusive range of operations per problem. Operands are ``1..max_operand``; the start
+    value is ``start_lo..start_hi``; every intermediate value stays in ``0..max_value``.
+    ``verbosity``: filler phrases after each step (answer-irrelevant text; 0 = terse solutions).
+    ``slip_rate``: probability that a step's written result is off by 1-3 (later steps continue from the
+    wrong value), used only for warm-start demonstrations; problems for RL and evaluation are clean.
+    """
+
+    min_steps: int = 2
+    max_steps: int = 3
+    max_operand: int = 9
+    start_lo: int = 10
+    start_hi: int = 60
+    max_value: int = 99
+    verbosity: int = 2
+    slip_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
+        if not 1 <= self.max_operand <= self.max_value:
+            raise ValueError(f"max_operand must be in [1, max_value], got {self.max_operand}")
+        if not 0 <= self.start_lo <= self.start_hi <= self.max_value:
+            raise ValueError(f"need 0 <= start_lo <= start_hi <= max_value, got {self.start_lo}, {self.start_hi}")
+        if self.verbosity < 0:
+            raise ValueError(f"verbosity must be >= 0, got {self.verbosity}")
+        if not 0.0 <= self.slip_rate < 1.0:
+            raise ValueError(f"slip_rate must be in [0, 1), got {self.slip_rate}")
+
+    def key(self) -> str:
+        return hashlib.sha1(repr(sorted(asdict(self).items())).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: ``prompt`` text, worked ``completion`` text, integer ``answer`` (the true one), and
+    ``labels``, one per completion character (PIVOTAL / STRUCTURE / FILLER / ANSWER). With a slip the
+    completion's boxed value differs from ``answer``."""
+
+    prompt: str
+    completion: str
+    answer: int
+    labels: tuple[int, ...]
+
+
+def _expression(rng: random.Random, cfg: TaskConfig) -> tuple[int, list[tuple[str, int]]]:
+    value = start = rng.randint(cfg.start_lo, cfg.start_hi)
+    ops = []
+    for _ in range(rng.randint(cfg.min_steps, cfg.max_steps)):
+        b = rng.randint(1, cfg.max_operand)
+        can_add, can_sub = value + b <= cfg.max_value, value - b >= 0
+        op = rng.choice("+-") if can_add and can_sub else ("+" if can_add else "-")
+        value = value + b if op == "+" else value - b
+        ops.append((op, b))
+    return start, ops
+
+
+def _chain(rng: random.Random, cfg: TaskConfig, start: int, ops: list[tuple[str, int]]) -> list[int]:
+    """Written values ``[start, r1, r2, ...]``; with slips, redrawn until every value stays in range."""
+    for _ in range(50):
+        values = [start]
+        for op, b in ops:
+            result = values[-1] + b if op == "+" else values[-1] - b
+            if cfg.slip_rate and rng.random() < cfg.slip_rate:
+                result += rng.choice((-3, -2, -1, 1, 2, 3))
+            values.append(result)
+        if all(0 <= v <= cfg.max_value for v in values):
+            return values
+    return _chain(rng, replace(cfg, slip_rate=0.0), start, ops)
+
+
+def _solve(rng: random.Random, cfg: TaskConfig, start: int, ops: list[tuple[str, int]]) -> tuple[str, list[int]]:
+    parts: list[tuple[str, int]] = []
+    values = _chain(rng, cfg, start, ops)
+    for (op, b), value, result in zip(ops, values, values[1:], strict=False):
+        parts += [(str(value), PIVOTAL), (op, STRUCTURE), (str(b), PIVOTAL), ("=", STRUCTURE),
+                  (str(result), PIVOTAL), (STEP_SEP, STRUCTURE)]
+        for _ in range(cfg.verbosity):
+            parts += [(rng.choice(FILLERS), FILLER), (STEP_SEP, STRUCTURE)]
+    parts.append((BOXED + str(values[-1]) + "}", ANSWER))
+    text = "".join(t for t, _ in parts)
+    labels = [lab for t, lab in parts for _ in t]
+    return text, labels
+
+
+def make_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
+    """Draw one problem (and its worked solution) from ``rng``."""
+    start, ops = _expression(rng, cfg)
+    answer = start
+    for op, b in ops:
+        answer = answer + b if op == "+" else answer - b
+    prompt = str(start) + "".join(f"{op}{b}" for op, b in ops) + "="
+    completion, labels = _solve(rng, cfg, start, ops)
+    return Problem(prompt, completion, answer, tuple(labels))
+
+
+def make_split(cfg: TaskConfig, split: str, n: int, seed: int = 0) -> list[Problem]:
+    """``n`` problems of ``split`` ("train" or "test"); the splits never share a prompt.
+
+    A prompt belongs to "test" iff a hash of it falls in a fixed 1/8 bucket, so the splits stay disjoint
+    for every seed and size. Same (cfg, split, n, seed) -> same problems.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(f"{split}:{seed}:{cfg.key()}")
+    out: list[Problem] = []
+    while len(out) < n:
+        p = make_problem(rng, cfg)
+        if is_test_prompt(p.prompt) == (split == "test"):
+            out.append(p)
+    return out
+
+
+def is_test_prompt(prompt: str) -> bool:
+    """The fixed split rule: a prompt is held out iff its hash lands in bucket 0 of 8."""
+    return hashlib.md5(prompt.encode()).digest()[0] % 8 == 0
+
+
+def extract_int(completion: str) -> int | None:
+    """The integer in the completion's last ``\\boxed{}`` (via the shared answer locator), or None."""
+    from oar.answer_span import locate_answer
+
+    span = locate_answer(completion)
+    if span is None:
+        return None
+    text = span.answer(completion)
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def lab_reward(completions: list[str], answer: list[int], **_) -> list[float]:
+    """Binary exact-match reward in TRL's reward-function signature: 1.0 iff the boxed integer is right."""
+    return [float(extract_int(c) == int(a)) for c, a in zip(completions, answer, strict=True)]

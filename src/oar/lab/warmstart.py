@@ -1,0 +1,141 @@
+"""Supervised warm start of the lab model, cached on disk under a hash of its configuration."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from oar.lab.model import ModelConfig, build_model, lab_tokenizer
+from oar.lab.task import TaskConfig, is_test_prompt, make_problem
+
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """SFT recipe: ``steps`` AdamW steps of ``batch_size`` fresh train problems (test prompts excluded),
+    linear warm-up then cosine decay to ``min_lr_ratio * lr``; loss on completion tokens only."""
+
+    task: TaskConfig = field(default_factory=lambda: TaskConfig(slip_rate=0.15))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup: int = 30
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 0
+
+    def key(self) -> str:
+        blob = json.dumps({"v": CACHE_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    """``$OAR_CACHE`` if set, else ``~/.cache/oar/lab``."""
+    return Path(os.environ.get("OAR_CACHE") or Path.home() / ".cache" / "oar" / "lab")
+
+
+def sft_batch(tokenizer, problems, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids, attention_mask, labels [B, L]`` (labels -100 except completion + eos)."""
+    rows, labs = [], []
+    for p in problems:
+        prompt = tokenizer(p.prompt)["input_ids"]
+        comp = tokenizer(p.completion)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(prompt + comp)
+        labs.append([-100] * len(prompt) + comp)
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (r, lab) in enumerate(zip(rows, labs, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r)
+        labels[i, : len(lab)] = torch.tensor(lab)
+    mask = (labels != -100) | (ids != tokenizer.pad_token_id)
+    return ids.to(device), mask.to(device), labels.to(device)
+
+
+def train_sft(cfg: WarmStartConfig, progress: bool = True):
+    """Run the SFT recipe from scratch; returns ``(model, tokenizer, info)`` with the loss curve in ``info``."""
+    tok = lab_tokenizer()
+    model = build_model(cfg.model, len(tok), seed=cfg.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        t = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    rng = random.Random(f"sft:{cfg.seed}")
+    losses = []
+    t0 = time.perf_counter()
+    bar = _progress(cfg.steps, "warm start (SFT)", progress)
+    for step in range(cfg.steps):
+        batch = []
+        while len(batch) < cfg.batch_size:
+            p = make_problem(rng, cfg.task)
+            if not is_test_prompt(p.prompt):
+                batch.append(p)
+        ids, mask, labels = sft_batch(tok, batch)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar(step, loss.item())
+    model.eval()
+    info = {"seconds": time.perf_counter() - t0, "loss": losses[-1], "losses": losses[:: max(1, cfg.steps // 50)]}
+    return model, tok, info
+
+
+def warm_start(cfg: WarmStartConfig | None = None, cache_dir: str | Path | None = None, progress: bool = True):
+    """The warm-started lab model: loaded from ``cache_dir/<cfg.key()>`` when cached, else trained and saved
+    atomically there. Returns ``(model, tokenizer, path)``."""
+    from transformers import Qwen2ForCausalLM
+
+    cfg = cfg or WarmStartConfig()
+    path = Path(cache_dir or cache_root()) / cfg.key()
+    if not (path / "info.json").exists():
+        model, _, info = train_sft(cfg, progress)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{cfg.key()}."))
+        model.save_pretrained(tmp)
+        (tmp / "info.json").write_text(json.dumps({"config": asdict(cfg), **info}, indent=1))
+        try:
+            os.replace(tmp, path)
+        except OSError:  # another process cached it first: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    model = Qwen2ForCausalLM.from_pretrained(path).float().eval()
+    return model, lab_tokenizer(), path
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    """A tiny step callback over ``rich.progress`` (no-op when disabled)."""
+    if not enabled:
+        return lambda step, loss: None
+    from rich.progress import Progress
+
+    prog = Progress(transient=True)
+    task = prog.add_task(desc, total=total)
+    prog.start()
+
+    def update(step: int, loss: float) -> None:
+        prog.update(task, advance=1, description=f"{desc} loss {loss:.3f}")
+        if step == total - 1:
+            prog.stop()
+
+    return update
