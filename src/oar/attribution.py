@@ -1,17 +1,25 @@
-"""Token-credit records: what the trainer dumps and ``oar attribute`` renders (one JSON object a line)."""
+"""Token-credit records: what the trainer dumps and ``oar attribute`` renders (one JSON object a line).
+
+Also computes them: :func:`attribute_batch` runs the outcome probe, a scorer and Bi-Level reshaping on
+(prompt, completion) texts, and :func:`rank_correlation` compares two scorers.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
 
 
 @dataclass
 class AttributionRecord:
     """One completion's token credit. All lists have one entry per completion token.
 
+    ``tokens``: the token texts; their concatenation is the completion text (see :func:`decode_tokens`).
     ``scores``: raw importance (0 outside reasoning). ``weights``: Bi-Level weight (1 outside reasoning).
     ``reasoning`` / ``answer``: which tokens are reasoning and which the answer statement.
     """
@@ -32,6 +40,11 @@ class AttributionRecord:
         for name in ("scores", "weights", "reasoning", "answer"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"AttributionRecord.{name} has {len(getattr(self, name))} entries, tokens has {n}")
+
+    @property
+    def text(self) -> str:
+        """The completion text (the tokens joined)."""
+        return "".join(self.tokens)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -54,15 +67,199 @@ def append_records(path: str | os.PathLike, records: Iterable[AttributionRecord]
         os.fsync(f.fileno())
 
 
-def read_records(path: str | os.PathLike) -> list[AttributionRecord]:
-    """Read every record of a JSONL file; a bad line raises ``ValueError`` naming its line number."""
-    out = []
+def _json_lines(path: str | os.PathLike) -> Iterable[tuple[int, dict]]:
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                out.append(AttributionRecord.from_json(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, ValueError) as err:
-                raise ValueError(f"{path}:{i}: not an attribution record ({err})") from err
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{i}: not valid JSON ({err})") from err
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
+            yield i, row
+
+
+def read_records(path: str | os.PathLike) -> list[AttributionRecord]:
+    """Read every record of a JSONL file; a bad line raises ``ValueError`` naming its line number."""
+    out = []
+    for i, row in _json_lines(path):
+        try:
+            out.append(AttributionRecord.from_json(row))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}:{i}: not an attribution record ({err})") from err
     return out
+
+
+def read_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """Read ``{"prompt": str, "completion": str}`` rows of a JSONL file (texts still to be attributed)."""
+    out = []
+    for i, row in _json_lines(path):
+        if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
+            raise ValueError(f"{path}:{i}: expected string fields 'prompt' and 'completion'")
+        out.append((row["prompt"], row["completion"]))
+    return out
+
+
+def is_record_file(path: str | os.PathLike) -> bool:
+    """True when the first row of a JSONL file is an attribution record (has ``tokens``), False when it is
+    a (prompt, completion) row; ``ValueError`` for an empty file."""
+    for _, row in _json_lines(path):
+        return "tokens" in row
+    raise ValueError(f"{path}: no rows")
+
+
+def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Token texts whose concatenation is ``tokenizer.decode(ids)`` (cumulative decoding).
+
+    A byte-level BPE token holding part of a multi-byte character gets ``""``; the token completing the
+    character carries it. Whitespace and newlines are kept as they decode.
+    """
+    ids = [int(i) for i in ids]
+    out, done = [], ""
+    for k in range(len(ids)):
+        text = tokenizer.decode(ids[: k + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if text.startswith(done) and not text.endswith("\ufffd"):
+            out.append(text[len(done) :])
+            done = text
+        else:
+            out.append("")
+    if ids:
+        out[-1] += text[len(done) :] if text.startswith(done) else ""
+    return out
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks 0..n-1 of a 1-D tensor, ties sharing their average rank."""
+    ordered, order = torch.sort(x)
+    _, inverse, counts = torch.unique_consecutive(ordered, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    average = ends - (counts.double() + 1) / 2
+    ranks = torch.empty(x.numel(), dtype=torch.float64)
+    ranks[order] = average[inverse]
+    return ranks
+
+
+def rank_correlation(a: Sequence[float] | torch.Tensor, b: Sequence[float] | torch.Tensor) -> float:
+    """Spearman's rank correlation of two equally long score vectors (average ranks for ties).
+
+    NaN when fewer than 2 entries or when either vector is constant.
+    """
+    a = torch.as_tensor(a, dtype=torch.float64).flatten()
+    b = torch.as_tensor(b, dtype=torch.float64).flatten()
+    if a.numel() != b.numel():
+        raise ValueError(f"rank_correlation needs equal lengths, got {a.numel()} and {b.numel()}")
+    if a.numel() < 2:
+        return float("nan")
+    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = (ra.square().sum() * rb.square().sum()).sqrt()
+    return float((ra * rb).sum() / denom) if denom > 0 else float("nan")
+
+
+def record_correlation(x: AttributionRecord, y: AttributionRecord) -> float:
+    """Spearman correlation of two records' scores over the tokens that are reasoning in both."""
+    if len(x.tokens) != len(y.tokens):
+        raise ValueError(f"records differ in length ({len(x.tokens)} vs {len(y.tokens)} tokens)")
+    both = [i for i, (p, q) in enumerate(zip(x.reasoning, y.reasoning, strict=True)) if p and q]
+    return rank_correlation([x.scores[i] for i in both], [y.scores[i] for i in both])
+
+
+def _encode(tokenizer: Any, text: str, chat: bool, prompt: bool) -> list[int]:
+    if prompt and chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("chat=True but the tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+        return list(ids)
+    return list(tokenizer(text, add_special_tokens=prompt)["input_ids"])
+
+
+def _pad(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        if r:
+            sl = slice(width - len(r), width) if left else slice(0, len(r))
+            ids[b, sl] = torch.tensor(r, dtype=torch.long)
+            mask[b, sl] = 1
+    return ids, mask
+
+
+def attribute_batch(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    credit: str = "oar-g",
+    *,
+    batch_size: int = 8,
+    chat: bool = False,
+    probe: Any = None,
+    tau: float = 0.25,
+    beta: float = 1.0,
+    floor: float = 0.1,
+    **scorer_kwargs: Any,
+) -> list[AttributionRecord]:
+    """Token credit of each (prompt, completion): outcome probe -> scorer ``credit`` -> Bi-Level weights.
+
+    Args:
+        model / tokenizer: a causal LM (its current mode is restored afterwards) and its tokenizer.
+        prompts / completions: texts, one prompt per completion. ``chat``: wrap each prompt in the
+            tokenizer's chat template (as an instruct model saw it when generating).
+        credit: a registered scorer name (``oar-g``, ``oar-p``, ``entropy``, ...).
+        probe: an :class:`oar.probe.OutcomeProbe`; default one with the default conclude text.
+        tau / beta / floor: Bi-Level parameters; ``scorer_kwargs`` go to the scorer.
+
+    Returns:
+        One :class:`AttributionRecord` per completion, in order.
+    """
+    from oar.importance import get_scorer
+    from oar.probe import OutcomeProbe
+    from oar.reshape import bilevel_weights
+
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    scorer = get_scorer(credit)
+    probe = probe or OutcomeProbe(tokenizer)
+    pad_id = probe.pad_id
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out: list[AttributionRecord] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            ps, cs = prompts[start : start + batch_size], completions[start : start + batch_size]
+            p_ids, p_mask = _pad([_encode(tokenizer, p, chat, True) for p in ps], pad_id, left=True)
+            c_rows = [_encode(tokenizer, c, chat, False) for c in cs]
+            c_ids, c_mask = _pad(c_rows, pad_id, left=False)
+            pb = probe.build(p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device))
+            scores = scorer(model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
+                            **scorer_kwargs).detach()
+            mask = pb.completion_reasoning_mask & pb.valid[:, None]
+            comp = pb.to_completion(scores).float().masked_fill(~mask, 0.0)
+            w = bilevel_weights(comp, mask, tau, beta, floor)
+            for b, ids in enumerate(c_rows):
+                n = len(ids)
+                out.append(AttributionRecord(
+                    tokens=decode_tokens(tokenizer, ids),
+                    scores=comp[b, :n].tolist(),
+                    weights=w[b, :n].tolist(),
+                    reasoning=mask[b, :n].tolist(),
+                    answer=pb.completion_answer_mask[b, :n].tolist(),
+                    credit=credit,
+                    prompt=ps[b],
+                ))
+    finally:
+        model.train(was_training)
+    return out
+
+
+def attribute(model: Any, tokenizer: Any, prompt: str, completion: str, credit: str = "oar-g",
+              **kwargs: Any) -> AttributionRecord:
+    """Token credit of one completion; see :func:`attribute_batch` for the arguments."""
+    return attribute_batch(model, tokenizer, [prompt], [completion], credit, **kwargs)[0]

@@ -9,6 +9,8 @@ import sys
 # subcommand name -> module exposing ``register(subparsers)`` (which sets ``func`` on its parser)
 SUBCOMMANDS: dict[str, str] = {
     "doctor": "oar.cli.doctor",
+    "attribute": "oar.cli.attribute",
+    "report": "oar.cli.report",
 }
 
 

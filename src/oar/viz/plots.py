@@ -1,0 +1,199 @@
+"""Learning curves of run directories (``run.json`` + ``metrics.jsonl``) with matplotlib (Agg backend).
+
+Runs are grouped by credit method: one mean line per group, with a min-max band over its seeds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from oar.viz.files import atomic_write
+
+# plotted first, in this order, when present; every other numeric metric with >= 2 points follows
+PREFERRED = ("eval/accuracy", "reward", "entropy", "oar/ess_ratio", "step_time", "oar/weight_std",
+             "oar/importance_share", "loss", "grad_norm")
+_NOT_METRICS = {"step", "wall_time", "epoch"}
+
+
+@dataclass
+class Run:
+    """One run directory: its ``run.json`` (``meta``) and its ``metrics.jsonl`` rows in file order."""
+
+    path: Path
+    meta: dict
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def credit(self) -> str:
+        return str(self.meta.get("credit", self.path.name))
+
+    @property
+    def seed(self) -> int | None:
+        return self.meta.get("seed")
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def series(self, key: str, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of a metric sorted by ``x`` (``step`` or ``wall_time``, the latter from the run's first
+        row); the last row wins on a repeated ``x``. ``step_time`` falls back to Δwall_time / Δstep."""
+        if key == "step_time" and not any(_is_number(r.get(key)) for r in self.rows):
+            return self._derived_step_time(x)
+        points: dict[float, float] = {}
+        for r in self.rows:
+            if _is_number(r.get(key)) and _is_number(r.get(x)):
+                points[float(r[x])] = float(r[key])
+        xs = np.array(sorted(points), dtype=float)
+        ys = np.array([points[v] for v in xs], dtype=float)
+        if x == "wall_time" and xs.size:
+            xs = xs - min(float(r["wall_time"]) for r in self.rows if _is_number(r.get("wall_time")))
+        return xs, ys
+
+    def _derived_step_time(self, x: str) -> tuple[np.ndarray, np.ndarray]:
+        steps, walls = self.series("wall_time", "step")
+        keep = np.diff(steps) > 0
+        dt = np.diff(walls)[keep] / np.diff(steps)[keep]
+        if x == "step":
+            return steps[1:][keep], dt
+        return walls[1:][keep] - (walls[0] if walls.size else 0.0), dt
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "metrics.jsonl").is_file()
+
+
+def expand_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Run directories among ``paths``; a directory that is not a run stands for its sub-directories that
+    are (e.g. the output directory of ``oar compare``). Errors name the offending path."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise FileNotFoundError(f"run directory not found: {p}")
+        found = [p] if is_run_dir(p) else sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c))
+        if not found:
+            raise FileNotFoundError(f"{p} has no metrics.jsonl (nor sub-directories with one)")
+        out.extend(found)
+    return out
+
+
+def load_run(run_dir: str | os.PathLike) -> Run:
+    """Read ``run.json`` (optional) and ``metrics.jsonl``; a bad line raises ``ValueError`` naming it (a
+    half-written last line, from a run still writing, is skipped)."""
+    run_dir = Path(run_dir)
+    meta_path, metrics_path = run_dir / "run.json", run_dir / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise FileNotFoundError(f"{metrics_path} not found")
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path}: expected a JSON object")
+    rows = []
+    lines = metrics_path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if i == len(lines):  # the last line of a run still writing
+                break
+            raise ValueError(f"{metrics_path}:{i}: not valid JSON ({err})") from err
+        if isinstance(row, dict):
+            rows.append(row)
+    return Run(run_dir, meta, rows)
+
+
+def metric_keys(runs: Sequence[Run]) -> list[str]:
+    """Metrics worth a curve: numeric in at least 2 rows of some run (``step_time`` also when derivable)."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        for key in {k for r in run.rows for k in r} - _NOT_METRICS:
+            counts[key] = max(counts.get(key, 0), sum(_is_number(r.get(key)) for r in run.rows))
+    keys = {k for k, n in counts.items() if n >= 2}
+    if any(run.series("step_time")[0].size >= 2 for run in runs):
+        keys.add("step_time")
+    return [k for k in PREFERRED if k in keys] + sorted(keys - set(PREFERRED))
+
+
+def group_runs(runs: Sequence[Run], by: str = "credit") -> dict[str, list[Run]]:
+    """Runs by credit method (``by="credit"``) or one group per run (``by="run"``), sorted by label."""
+    if by not in ("credit", "run"):
+        raise ValueError(f"group_by must be 'credit' or 'run', got {by!r}")
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.credit if by == "credit" else run.name, []).append(run)
+    return dict(sorted(groups.items()))
+
+
+def band(series: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x, mean, min, max)`` over several ``(x, y)`` series, each interpolated linearly onto the union of
+    their x values inside the range every series covers."""
+    series = [(x, y) for x, y in series if x.size]
+    if not series:
+        empty = np.zeros(0)
+        return empty, empty, empty, empty
+    if len(series) == 1:
+        x, y = series[0]
+        return x, y, y, y
+    lo, hi = max(x[0] for x, _ in series), min(x[-1] for x, _ in series)
+    grid = np.unique(np.concatenate([x[(x >= lo) & (x <= hi)] for x, _ in series]))
+    ys = np.stack([np.interp(grid, x, y) for x, y in series])
+    return grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
+
+
+def slug(key: str) -> str:
+    """A file-name-safe version of a metric name (``eval/accuracy`` -> ``eval_accuracy``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("_") or "metric"
+
+
+def plot_metric(runs: Sequence[Run], key: str, path: str | os.PathLike, x: str = "step",
+                group_by: str = "credit") -> Path:
+    """One PNG: ``key`` against ``x`` (``step`` or ``wall_time``), a line per group and a min-max band over
+    the runs of a group. Written atomically; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if x not in ("step", "wall_time"):
+        raise ValueError(f"x must be 'step' or 'wall_time', got {x!r}")
+    groups = group_runs(runs, group_by)
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    try:
+        for i, (label, members) in enumerate(groups.items()):
+            gx, mean, lo, hi = band([r.series(key, x) for r in members])
+            if not gx.size:
+                continue
+            colour = colours(i % 10)
+            n = len(members)
+            ax.plot(gx, mean, color=colour, lw=1.6, marker="o" if gx.size < 3 else None,
+                    label=f"{label} (mean of {n})" if n > 1 else label)
+            if n > 1:
+                ax.fill_between(gx, lo, hi, color=colour, alpha=0.2, lw=0)
+        ax.set_xlabel("training step" if x == "step" else "seconds since the first logged row")
+        ax.set_ylabel(key)
+        derived = key == "step_time" and not any(_is_number(r.get(key)) for run in runs for r in run.rows)
+        ax.set_title(key + (" (Δ wall_time / Δ step)" if derived else ""))
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png")
+    finally:
+        plt.close(fig)
+    return atomic_write(path, buf.getvalue())
