@@ -12,6 +12,7 @@ from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm
 datasets = pytest.importorskip("datasets")
 trl = pytest.importorskip("trl")
 
+from oar.probe import OutcomeProbe  # noqa: E402
 from oar.trainer import OARConfig, OARGRPOTrainer  # noqa: E402
 
 
@@ -136,9 +137,9 @@ def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_sourc
     assert max(trainer.scored_rows) <= 3
     assert torch.equal(adv[~active], torch.zeros_like(adv[~active]))
 
-    probe = trainer._probe.build(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
-                                 batch["completion_mask"],
-                                 references=[None] * len(adv) if answer_source == "completion" else None)
+    # where the reasoning is does not depend on the answer source
+    probe = OutcomeProbe(char_tokenizer).build(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
+                                               batch["completion_mask"])
     reasoning = probe.completion_reasoning_mask & probe.valid[:, None] & active[:, None]
     reshaped = 0
     for i in reasoning.any(dim=1).nonzero().squeeze(1).tolist():

@@ -93,6 +93,9 @@ class OARConfig(GRPOConfig):
             raise ValueError(f"oar_floor must be in [0, 1], got {self.oar_floor!r}")
         if not (self.noise_std >= 0.0 and math.isfinite(self.noise_std)):
             raise ValueError(f"noise_std must be a finite number >= 0, got {self.noise_std!r}")
+        if self.credit == "oar-g" and self.noise_std == 0.0 and self.probe_mode != "answer_joint":
+            raise ValueError("noise_std must be > 0 for credit='oar-g' unless probe_mode='answer_joint' "
+                             "(the KL outcome has zero gradient without noise)")
         for name in ("oar_batch_size", "oar_chunk_size", "oar_dump_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
@@ -180,53 +183,46 @@ class OARGRPOTrainer(GRPOTrainer):
         weights = torch.ones(B, T, dtype=torch.float32, device=completion_ids.device)
         counts = dict.fromkeys(_COUNT_KEYS, 0)
         counts["total"] = B
-        diag: dict[str, Any] = {"counts": counts, "stats": None, "dump": None}
+        diag: dict[str, Any] = {"counts": counts, "stats": None}
         active = (output["advantages"] != 0).nonzero().squeeze(1).tolist()
         if self.args.credit == "grpo" or not active:
             return weights, diag
 
         a = self.args
-        model = self.accelerator.unwrap_model(self.model)
-        was_training = model.training
-        model.eval()  # no dropout in the probe: scores are a function of the rollout policy only
+        model = self.accelerator.unwrap_model(self.model)  # the policy (through its adapter for PEFT), no DDP hooks
         w_rows, m_rows, s_rows, a_rows, rows = [], [], [], [], []
-        try:
-            for start in range(0, len(active), a.oar_batch_size):
-                idx = active[start : start + a.oar_batch_size]
-                sel = torch.tensor(idx, device=completion_ids.device)
-                refs = [str(inputs[i][a.reference_column]) for i in idx] if a.answer_source == "reference" else None
-                pb = self._probe.build(
-                    output["prompt_ids"][sel], output["prompt_mask"][sel],
-                    completion_ids[sel], output["completion_mask"][sel], references=refs,
-                )
-                scores = self._scorer(
-                    model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
-                    **self._scorer_kwargs(),
-                ).detach()
-                comp_scores = pb.to_completion(scores).float()  # [b, T]
-                mask = pb.completion_reasoning_mask & pb.valid[:, None]
-                w = bilevel_weights(comp_scores, mask, a.oar_tau, a.oar_beta, a.oar_floor)
-                weights[sel] = w
-                nonfinite = torch.where(mask, ~torch.isfinite(comp_scores), False).any(dim=1)
-                counts["scored"] += len(idx)
-                counts["uniform"] += int(((w == 1) | ~mask).all(dim=1).sum())
-                counts["no_answer"] += int(pb.no_answer.sum())
-                counts["too_short"] += int((pb.too_short | pb.too_long).sum())
-                counts["nonfinite"] += int(nonfinite.sum())
-                counts["tokens"] += int(mask.sum())
-                w_rows.append(w)
-                m_rows.append(mask)
-                s_rows.append(comp_scores)
-                a_rows.append(pb.completion_answer_mask)
-                rows.extend(idx)
-        finally:
-            model.train(was_training)
+        for start in range(0, len(active), a.oar_batch_size):
+            idx = active[start : start + a.oar_batch_size]
+            sel = torch.tensor(idx, device=completion_ids.device)
+            refs = [str(inputs[i][a.reference_column]) for i in idx] if a.answer_source == "reference" else None
+            pb = self._probe.build(
+                output["prompt_ids"][sel], output["prompt_mask"][sel],
+                completion_ids[sel], output["completion_mask"][sel], references=refs,
+            )
+            scores = self._scorer(
+                model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
+                **self._scorer_kwargs(),
+            ).detach()
+            comp_scores = pb.to_completion(scores).float()  # [b, T]
+            mask = pb.completion_reasoning_mask & pb.valid[:, None]
+            w = bilevel_weights(comp_scores, mask, a.oar_tau, a.oar_beta, a.oar_floor)
+            weights[sel] = w
+            nonfinite = torch.where(mask, ~torch.isfinite(comp_scores), False).any(dim=1)
+            counts["scored"] += len(idx)
+            counts["uniform"] += int(((w == 1) | ~mask).all(dim=1).sum())
+            counts["no_answer"] += int(pb.no_answer.sum())
+            counts["too_short"] += int((pb.too_short | pb.too_long).sum())
+            counts["nonfinite"] += int(nonfinite.sum())
+            counts["tokens"] += int(mask.sum())
+            w_rows.append(w)
+            m_rows.append(mask)
+            s_rows.append(comp_scores)
+            a_rows.append(pb.completion_answer_mask)
+            rows.extend(idx)
         w_all, m_all = torch.cat(w_rows), torch.cat(m_rows)
         diag["stats"] = weight_stats(w_all, m_all)
         if a.oar_dump_every and self._oar_rollouts % a.oar_dump_every == 0 and self.accelerator.is_main_process:
-            diag["dump"] = (rows, torch.cat(s_rows), w_all, m_all, torch.cat(a_rows))
-        if diag["dump"] is not None:
-            self._dump_attributions(inputs, output, diag["dump"])
+            self._dump_attributions(inputs, output, rows, torch.cat(s_rows), w_all, m_all, torch.cat(a_rows))
         return weights, diag
 
     def _log_oar_metrics(self, diag: dict[str, Any], seconds: float) -> None:
@@ -255,10 +251,14 @@ class OARGRPOTrainer(GRPOTrainer):
             m[f"oar/{name}"].append(value)
         m["oar/importance_time"].append(g[:, -1].max().item())
 
-    def _dump_attributions(self, inputs: list[dict[str, Any]], output: dict[str, Any], dump: tuple) -> None:
+    def _dump_attributions(
+        self, inputs: list[dict[str, Any]], output: dict[str, Any], rows: list[int], scores: torch.Tensor,
+        weights: torch.Tensor, mask: torch.Tensor, answer: torch.Tensor,
+    ) -> None:
+        """Append ``oar_dump_count`` scored completions to ``OUTPUT_DIR/attributions.jsonl`` (``[b, T]`` tensors
+        aligned with ``rows``, the completions' indices in ``output``)."""
         from oar.attribution import AttributionRecord, append_records
 
-        rows, scores, weights, mask, answer = dump
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
         records = []
         for j, i in enumerate(rows[: self.args.oar_dump_count]):
