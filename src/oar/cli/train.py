@@ -1,0 +1,30 @@
+"""``oar train``: GRPO with OAR token credit. Parsing and wiring only; the work is in :mod:`oar.training`.
+
+Every ``OARConfig`` / ``GRPOConfig`` field is an option (``--credit oar-p``, ``--loss_type dapo``, ...), read
+by TRL's own parser, so ``--config FILE.yaml`` and overrides work exactly as in TRL's scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    # '+' as prefix: every '--option' is handed to TRL's parser untouched (it prints the full --help)
+    p = subparsers.add_parser(
+        "train", help="train with GRPO + OAR token credit (--config FILE.yaml, --model, --dataset, overrides)",
+        add_help=False, prefix_chars="+",
+    )
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from oar.training import parse_train_args, run_training
+
+    script_args, config = parse_train_args(args.argv)
+    summary = run_training(script_args, config)
+    print("oar train: done")
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,107 @@
+"""``oar train`` end to end on a tiny local model and a JSONL task: run directory, resume, user errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer_setup import task_rows, warm_tiny_lm
+
+pytest.importorskip("trl")
+
+from oar.attribution import read_records  # noqa: E402
+from oar.cli import main  # noqa: E402
+from oar.training import last_checkpoint, load_train_dataset, read_metrics  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, char_tokenizer):
+    """A saved tiny model directory and a JSONL dataset with non-default column names."""
+    root = tmp_path_factory.mktemp("train_cli")
+    model_dir = root / "tiny"
+    warm_tiny_lm(char_tokenizer).save_pretrained(model_dir)
+    char_tokenizer.save_pretrained(model_dir)
+    data = root / "add.jsonl"
+    data.write_text("".join(json.dumps({"question": r["prompt"], "gold": r["answer"], "id": i}) + "\n"
+                            for i, r in enumerate(task_rows(24, seed=11))))
+    config = root / "train.yaml"
+    config.write_text(
+        f"model: {model_dir}\ndataset: {data}\nprompt_column: question\nanswer_column: gold\n"
+        "prompt_template: '{prompt}'\nper_device_train_batch_size: 8\nnum_generations: 4\n"
+        "max_completion_length: 24\nlearning_rate: 0.001\nlogging_steps: 1\nsave_steps: 1\nreport_to: none\n"
+        "seed: 0\ncredit: grpo\noar_dump_every: 1\noar_dump_count: 2\n"
+    )
+    return root, config
+
+
+def test_train_writes_the_run_dir_and_resumes(workspace, capsys):
+    root, config = workspace
+    out = root / "run"
+    argv = ["train", "--config", str(config), "--output_dir", str(out), "--credit", "oar-g", "--max_steps", "2"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.split("oar train: done\n", 1)[1])
+    assert summary["steps"] == 2 and summary["credit"] == "oar-g"
+
+    run = json.loads((out / "run.json").read_text())
+    assert run["credit"] == "oar-g" and run["seed"] == 0 and run["model"].endswith("tiny")
+    assert run["config"]["max_completion_length"] == 24 and "train_runtime" in run["summary"]
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    for key in ("wall_time", "reward", "loss", "grad_norm", "entropy", "step_time", "oar/ess_ratio",
+                "oar/weight_std", "oar/frac_uniform", "oar/importance_time", "oar/importance_share"):
+        assert key in records[0], key
+    assert records[0]["wall_time"] < records[1]["wall_time"]
+    assert last_checkpoint(out).endswith("checkpoint-2")
+    dumps = read_records(out / "attributions.jsonl")
+    assert dumps and all(d.credit == "oar-g" and len(d.tokens) == len(d.weights) for d in dumps)
+    assert (out / "model.safetensors").is_file()
+
+    # a half-written newest checkpoint is ignored; --resume continues from checkpoint-2 to step 3
+    (out / "checkpoint-9").mkdir()
+    (out / "checkpoint-9" / "trainer_state.json").write_text('{"global_st')
+    assert last_checkpoint(out).endswith("checkpoint-2")
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--credit", "oar-g",
+                 "--max_steps", "3", "--resume"]) == 0
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[1]["wall_time"] <= records[2]["wall_time"]
+    assert json.loads((out / "run.json").read_text())["resumed_from_step"] == 2
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--answer_column", "solution"], "solution"),
+        (["--dataset", "/nonexistent/data.jsonl"], "/nonexistent/data.jsonl"),
+        (["--credit", "oar-x"], "credit"),
+        (["--conversational", "maybe"], "conversational"),
+    ],
+)
+def test_user_errors_name_the_bad_value(workspace, capsys, extra, message):
+    root, config = workspace
+    code = main(["train", "--config", str(config), "--output_dir", str(root / "bad"), "--max_steps", "1", *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_refuses_to_overwrite_a_run_without_resume(workspace, capsys):
+    root, config = workspace
+    out = root / "taken"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--max_steps", "1"]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_dataset_loader_formats(tmp_path):
+    rows = [{"problem": "1+1=", "solution": "so \\boxed{2}", "answer": "#### 2"}]
+    (tmp_path / "d.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    pd = pytest.importorskip("pandas")
+    pd.DataFrame(rows).to_parquet(tmp_path / "d.parquet")
+    a = load_train_dataset(str(tmp_path / "d.jsonl"), answer_column="solution", prompt_template="Q: {prompt}")
+    b = load_train_dataset(str(tmp_path / "d.parquet"), conversational=True)
+    assert a[0] == {"prompt": "Q: 1+1=", "answer": "2"}
+    assert b[0] == {"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}
+    with pytest.raises(ValueError, match="'question'"):
+        load_train_dataset(str(tmp_path / "d.jsonl"), prompt_column="question")
