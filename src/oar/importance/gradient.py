@@ -48,19 +48,17 @@ def gradient_scores(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     B, L = input_ids.shape
     device = input_ids.device
-    scores = torch.zeros(B, L, dtype=torch.float32, device=device)
     rows = (reasoning_mask.any(dim=1) & answer_mask.any(dim=1)).nonzero().squeeze(1)
-    if rows.numel() == 0:
-        return scores
+    step = batch_size or max(rows.numel(), 1)
     embed = model.get_input_embeddings()
-    noise = None
-    if noise_std > 0:
-        gen_device = generator.device if generator is not None else device
-        noise = torch.randn(B, L, embed.embedding_dim, generator=generator, device=gen_device)
-        noise = (noise * noise_std).to(device)
-    step = batch_size or rows.numel()
     # inference_mode(False): callers under torch.inference_mode() still get a differentiable graph
     with torch.inference_mode(False), scoring_mode(model):
+        scores = torch.zeros(B, L, dtype=torch.float32, device=device)
+        noise = None
+        if noise_std > 0:
+            gen_device = generator.device if generator is not None else device
+            noise = torch.randn(B, L, embed.embedding_dim, generator=generator, device=gen_device)
+            noise = (noise * noise_std).to(device)
         for i in range(0, rows.numel(), step):
             idx = rows[i : i + step]
             ids, am = input_ids[idx].clone(), attention_mask[idx].clone()
@@ -81,5 +79,5 @@ def gradient_scores(
                 new = outcome(logits, sel, targets, mode)
                 objective = -new if mode == "answer_joint" else divergence(reference, new, mode)
                 (grad,) = torch.autograd.grad(objective.sum(), e_var)
-            scores[idx] = ((grad.float() * e.float()).sum(dim=-1).abs() * reasoning).float()
+            scores[idx] = (grad.float() * e.float()).sum(dim=-1).abs() * reasoning
     return scores

@@ -1,0 +1,60 @@
+"""Baseline scorers and the scorer registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import oar
+from conftest import make_tiny_lm
+from oar import entropy_scores, get_scorer, random_scores, uniform_scores
+from test_importance_perturbation import inputs, probe_batch
+
+
+@pytest.fixture(scope="module")
+def setup(char_tokenizer):
+    return make_tiny_lm(len(char_tokenizer), "qwen2", seed=5), probe_batch(char_tokenizer)
+
+
+def test_uniform_is_one_on_reasoning(setup):
+    model, pb = setup
+    s = uniform_scores(model, *inputs(pb))
+    assert torch.equal(s, pb.reasoning_mask.float())
+    weights = oar.bilevel_weights(pb.to_completion(s), pb.completion_reasoning_mask)
+    assert (weights == 1).all()  # uniform scores reduce OAR to GRPO
+
+
+def test_random_is_seeded_and_masked(setup):
+    model, pb = setup
+    a = random_scores(model, *inputs(pb), generator=torch.Generator().manual_seed(0))
+    b = random_scores(model, *inputs(pb), generator=torch.Generator().manual_seed(0))
+    c = random_scores(model, *inputs(pb), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert (a[~pb.reasoning_mask] == 0).all() and (a[pb.reasoning_mask] > 0).all()
+
+
+def test_entropy_matches_a_direct_computation(setup):
+    model, pb = setup
+    s = entropy_scores(model, *inputs(pb), batch_size=2)
+    for b in range(pb.input_ids.shape[0]):
+        keep = pb.attention_mask[b].bool()
+        with torch.no_grad():
+            p = torch.softmax(model(pb.input_ids[b][keep][None]).logits[0].float(), -1)
+        h = -(p * p.log()).sum(-1)  # h[i]: entropy of the distribution that produced token i + 1
+        expected = torch.zeros(int(keep.sum()))
+        expected[1:] = h[:-1]
+        expected *= pb.reasoning_mask[b][keep]
+        torch.testing.assert_close(s[b][keep], expected, rtol=1e-4, atol=1e-5)
+    assert (s[~pb.reasoning_mask] == 0).all() and (s[pb.reasoning_mask] > 0).all()
+
+
+def test_registry(setup):
+    model, pb = setup
+    assert set(oar.SCORERS) == {"oar-p", "oar-g", "uniform", "random", "entropy"}
+    assert get_scorer("OAR-P") is oar.perturbation_scores and get_scorer("oar-g") is oar.gradient_scores
+    for name in oar.SCORERS:
+        s = get_scorer(name)(model, *inputs(pb))
+        assert s.shape == pb.input_ids.shape and s.dtype == torch.float32
+        assert (s[~pb.reasoning_mask] == 0).all() and (s[pb.reasoning_mask] > 0).any()
+    with pytest.raises(ValueError, match="oar-p, oar-g, uniform, random, entropy"):
+        get_scorer("attention")
