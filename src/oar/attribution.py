@@ -238,8 +238,11 @@ def attribute_batch(
             c_rows = [_encode(tokenizer, c, chat, False) for c in cs]
             c_ids, c_mask = _pad(c_rows, pad_id, left=False)
             pb = probe.build(p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device))
-            scores = scorer(model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
-                            **scorer_kwargs).detach()
+            if pb.valid.any():
+                scores = scorer(model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
+                                **scorer_kwargs).detach()
+            else:  # nothing to score (no answer anywhere): uniform weights
+                scores = torch.zeros(pb.input_ids.shape)
             mask = pb.completion_reasoning_mask & pb.valid[:, None]
             comp = pb.to_completion(scores).float().masked_fill(~mask, 0.0)
             w = bilevel_weights(comp, mask, tau, beta, floor)

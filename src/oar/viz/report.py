@@ -65,7 +65,9 @@ def _spread(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.4g}"
     v = np.array(values)
-    return f"{v.mean():.4g} ± {v.std(ddof=1):.2g} ({v.min():.4g}..{v.max():.4g})"
+    mean, std = v.mean(), v.std(ddof=1)
+    std = std if std > 1e-12 * abs(mean) else 0.0  # equal values: no float dust
+    return f"{mean:.4g} ± {std:.2g} ({v.min():.4g}..{v.max():.4g})"
 
 
 def summary_markdown(runs: Sequence[Run], group_by: str = "credit") -> str:
