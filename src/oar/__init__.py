@@ -33,10 +33,28 @@ _EXPORTS: dict[str, str] = {
     "get_scorer": "oar.importance",
     "SCORERS": "oar.importance",
     # grading
+    "extract_answer": "oar.grading",
+    "grade_answer": "oar.grading",
+    "grade_answers": "oar.grading",
+    "gold_answer": "oar.grading",
+    "normalize_gold": "oar.grading",
+    "math_reward": "oar.grading",
+    "make_math_reward": "oar.grading",
+    "format_reward": "oar.grading",
     # trainer (TRL)
     "OARConfig": "oar.trainer",
     "OARGRPOTrainer": "oar.trainer",
     # lab
+    "TaskConfig": "oar.lab.task",
+    "make_split": "oar.lab.task",
+    "lab_reward": "oar.lab.task",
+    "ModelConfig": "oar.lab.model",
+    "WarmStartConfig": "oar.lab.warmstart",
+    "warm_start": "oar.lab.warmstart",
+    "RunConfig": "oar.lab.run",
+    "train_lab": "oar.lab.run",
+    "compare": "oar.lab.compare",
+    "attribution_fidelity": "oar.lab.fidelity",
     # evaluation
     "load_model_and_tokenizer": "oar.models",
     "smollm2_gguf_path": "oar.models",
