@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import html.parser
-import math
 
 import pytest
 
 from oar.attribution import AttributionRecord, record_correlation
 from oar.viz.html import render_html, write_html
-from oar.viz.style import ANSWER, NEUTRAL, WHITE, group_records, token_rgb, weight_scale
+from oar.viz.style import ANSWER, COOL, NEUTRAL, WARM, WHITE, group_records, token_rgb, weight_range
 from oar.viz.terminal import record_text, render_terminal
 
 TOKENS = ["Let", " x", " <", "&", "\n", "é", "", " 2", " \\boxed{", "2", "}"]
@@ -35,15 +34,15 @@ def test_group_records_puts_credits_of_one_completion_together():
 
 
 def test_token_colours():
-    scale = math.log(4.0)
+    scale = (0.25, 2.0)
     assert token_rgb(1.0, True, False, scale) == WHITE
-    cool, warm = token_rgb(0.5, True, False, scale), token_rgb(2.0, True, False, scale)
+    cool, warm = token_rgb(0.5, True, False, scale), token_rgb(1.5, True, False, scale)
     assert cool[2] > cool[0] and warm[0] > warm[2]  # suppressed blue-ish, boosted red-ish
-    deeper = token_rgb(0.25, True, False, scale)
-    assert sum(deeper) < sum(cool) < sum(WHITE)  # intensity grows with |log w|
-    assert token_rgb(0.1, True, False, scale) == deeper  # saturates at the scale
+    assert token_rgb(0.25, True, False, scale) == COOL and token_rgb(2.0, True, False, scale) == WARM
+    assert sum(COOL) < sum(cool) < sum(WHITE)  # intensity grows with |log w|: 0.5 is half-way to 0.25
+    assert token_rgb(0.1, True, False, scale) == COOL and token_rgb(9.0, True, False, scale) == WARM  # saturates
     assert token_rgb(3.0, False, True, scale) == ANSWER and token_rgb(3.0, False, False, scale) == NEUTRAL
-    assert weight_scale([make_record()]) == pytest.approx(math.log(5.0))  # from weight 0.2, the farthest from 1
+    assert weight_range([make_record()]) == (0.2, 2.5)
 
 
 class _Spans(html.parser.HTMLParser):
@@ -80,7 +79,7 @@ def test_html_one_coloured_span_per_token_side_by_side():
     parser = _Spans()
     parser.feed(page)
     assert len(parser.blocks) == 3
-    scale = weight_scale([a, b])
+    scale = weight_range([a, b])
     for block, rec in zip(parser.blocks, [a, b, a], strict=True):
         assert "".join(text for _, text in block) == rec.text  # whitespace, newlines, escapes faithful
         assert len(block) == len(rec.tokens)
@@ -110,7 +109,7 @@ def test_terminal_rendering():
     from rich.console import Console
 
     a, b = make_record("oar-g"), make_record("entropy", scores=[0.8, 0.1, 0.3, 0.2, 0.9, 0.5, 0.4, 0.7, 0, 0, 0])
-    scale = weight_scale([a])
+    scale = weight_range([a])
     text = record_text(a, scale)
     assert text.plain == a.text
     assert len(text.spans) == len([t for t in a.tokens if t])  # rich drops empty spans
@@ -126,7 +125,9 @@ def test_terminal_rendering():
         render_terminal([], console)
 
 
-def test_weight_scale_ignores_non_reasoning_and_bad_weights():
+def test_weight_range_ignores_non_reasoning_and_bad_weights():
     r = dataclasses.replace(make_record(), weights=[1.0] * 8 + [50.0, 0.0, float("nan")])
-    assert weight_scale([r]) == 0.0
-    assert token_rgb(1.0, True, False, 0.0) == WHITE
+    assert weight_range([r]) == (1.0, 1.0)
+    assert token_rgb(0.5, True, False, (1.0, 1.0)) == WHITE and token_rgb(float("nan"), True, False, (0.5, 2)) == WHITE
+    only_boost = dataclasses.replace(make_record(), weights=[1.5] * 11)
+    assert weight_range([only_boost]) == (1.0, 1.5)

@@ -24,7 +24,7 @@ from oar.viz.style import (
     group_records,
     token_rgb,
     tooltip,
-    weight_scale,
+    weight_range,
 )
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
@@ -46,7 +46,8 @@ font-size:.85rem;line-height:1.7}
 .tok.nl::before{content:"\\21B5";color:#999}
 .tok.e{padding:0 1px}
 .tok.hl{outline:2px solid #111;outline-offset:-1px}
-table.rho{border-collapse:collapse;font-size:.85rem}table.rho td,table.rho th{border:1px solid #ddd;padding:.1rem .5rem}
+table.rho{border-collapse:collapse;font-size:.85rem;margin:.3rem 0}
+table.rho td,table.rho th{border:1px solid #ddd;padding:.1rem .5rem}
 """
 
 # hovering a token outlines the token at the same position under every credit of its example
@@ -68,7 +69,7 @@ def _hex(rgb: tuple[int, int, int]) -> str:
     return "#{:02x}{:02x}{:02x}".format(*rgb)
 
 
-def _tokens_html(record: AttributionRecord, scale: float) -> str:
+def _tokens_html(record: AttributionRecord, scale: tuple[float, float]) -> str:
     spans = []
     for i, tok in enumerate(record.tokens):
         role = "a" if record.answer[i] else "r" if record.reasoning[i] else "o"
@@ -79,8 +80,8 @@ def _tokens_html(record: AttributionRecord, scale: float) -> str:
     return "".join(spans)
 
 
-def _legend(scale: float) -> str:
-    lo, hi = (math.exp(-scale), math.exp(scale)) if scale > 0 else (1.0, 1.0)
+def _legend(scale: tuple[float, float]) -> str:
+    lo, hi = scale
     bar = f"background:linear-gradient(to right,{_hex(COOL)},#ffffff,{_hex(WARM)})"
     return (
         '<div class="legend">'
@@ -95,7 +96,7 @@ def _legend(scale: float) -> str:
 def _rho_table(pairs: list[tuple[str, str, float]], caption: str) -> str:
     rows = "".join(f"<tr><td>{escape(a)}</td><td>{escape(b)}</td><td>{rho:+.3f}</td></tr>"
                    for a, b, rho in pairs)
-    return (f'<table class="rho"><caption class="meta">{escape(caption)}</caption>'
+    return (f'<p class="meta">{escape(caption)}</p><table class="rho">'
             f"<tr><th>credit</th><th>credit</th><th>Spearman ρ</th></tr>{rows}</table>")
 
 
@@ -110,16 +111,17 @@ def _mean_correlations(groups: list[list[AttributionRecord]]) -> list[tuple[str,
 
 def render_html(records: Sequence[AttributionRecord], title: str = "OAR token credit") -> str:
     """The page as a string: records of the same completion (see :func:`oar.viz.style.group_records`) are
-    drawn side by side with their pairwise Spearman correlation; one colour scale for the whole page."""
+    drawn side by side with their pairwise Spearman correlation; one colour range for the whole page."""
     if not records:
         raise ValueError("no attribution records to render")
     groups = group_records(records)
-    scale = weight_scale(records)
+    scale = weight_range(records)
     credits = list(dict.fromkeys(r.credit for r in records))
+    count = f"{len(groups)} completion" + "s" * (len(groups) != 1)
     body = [f"<h1>{escape(title)}</h1>",
-            f'<p class="meta">{len(groups)} completions · credit: {escape(", ".join(credits))}</p>',
+            f'<p class="meta">{count} · credit: {escape(", ".join(credits))}</p>',
             _legend(scale)]
-    overall = _mean_correlations(groups)
+    overall = _mean_correlations(groups) if len(groups) > 1 else []
     if overall:
         body.append(_rho_table(overall, "mean rank correlation of raw scores over reasoning tokens, all examples"))
     for n, group in enumerate(groups, 1):

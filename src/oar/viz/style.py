@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from oar.attribution import AttributionRecord, record_correlation
 
 WHITE = (255, 255, 255)
-COOL = (44, 123, 182)  # suppressed reasoning tokens (w < 1)
-WARM = (215, 48, 39)  # boosted reasoning tokens (w > 1)
+COOL = (86, 150, 197)  # most suppressed reasoning token (light enough for black text)
+WARM = (223, 89, 82)  # most boosted reasoning token
 NEUTRAL = (236, 236, 236)  # neither reasoning nor answer (e.g. a completion with no answer)
 ANSWER = (226, 214, 250)  # the final-answer statement
 
@@ -32,28 +32,30 @@ def group_records(records: Sequence[AttributionRecord]) -> list[list[Attribution
     return groups
 
 
-def weight_scale(records: Sequence[AttributionRecord]) -> float:
-    """Largest ``|log w|`` over all reasoning tokens: the weight drawn at full colour (one scale a page)."""
-    logs = [abs(math.log(w)) for r in records for w, m in zip(r.weights, r.reasoning, strict=True)
-            if m and w > 0 and math.isfinite(w)]
-    return max(logs, default=0.0)
+def weight_range(records: Sequence[AttributionRecord]) -> tuple[float, float]:
+    """``(lowest, highest)`` reasoning-token weight over ``records`` (each side clipped to 1): the weights
+    drawn at full colour. One range a page, so credits side by side share it."""
+    ws = [w for r in records for w, m in zip(r.weights, r.reasoning, strict=True) if m and 0 < w < math.inf]
+    return min(ws + [1.0]), max(ws + [1.0])
 
 
 def _blend(colour: tuple[int, int, int], t: float) -> tuple[int, int, int]:
     return tuple(round(w + (c - w) * t) for w, c in zip(WHITE, colour, strict=True))
 
 
-def token_rgb(weight: float, reasoning: bool, answer: bool, scale: float) -> tuple[int, int, int]:
-    """Background of a token: cool below weight 1, warm above (intensity ``|log w| / scale``), white at 1;
-    answer-statement and other non-reasoning tokens get fixed neutral colours."""
+def token_rgb(weight: float, reasoning: bool, answer: bool, scale: tuple[float, float]) -> tuple[int, int, int]:
+    """Background of a token: white at weight 1, cool below (full at ``scale[0]``), warm above (full at
+    ``scale[1]``), by ``log w``; answer-statement and other non-reasoning tokens get fixed neutral colours."""
     if answer:
         return ANSWER
     if not reasoning:
         return NEUTRAL
-    if not (weight > 0 and math.isfinite(weight)) or scale <= 0:
+    lo, hi = scale
+    if not 0 < weight < math.inf or weight == 1:
         return WHITE
-    v = max(-1.0, min(1.0, math.log(weight) / scale))
-    return _blend(COOL if v < 0 else WARM, abs(v))
+    if weight < 1:
+        return _blend(COOL, min(1.0, math.log(weight) / math.log(lo))) if lo < 1 else WHITE
+    return _blend(WARM, min(1.0, math.log(weight) / math.log(hi))) if hi > 1 else WHITE
 
 
 def describe(record: AttributionRecord) -> str:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from oar.attribution import AttributionRecord
-from oar.viz.style import ANSWER, COOL, WARM, correlations, describe, group_records, token_rgb, weight_scale
+from oar.viz.style import ANSWER, COOL, WARM, correlations, describe, group_records, token_rgb, weight_range
 
 
 def _rgb(rgb: tuple[int, int, int]) -> str:
     return "rgb({},{},{})".format(*rgb)
 
 
-def record_text(record: AttributionRecord, scale: float):
+def record_text(record: AttributionRecord, scale: tuple[float, float]):
     """A ``rich.text.Text`` of the completion: black text on each token's colour, answer underlined."""
     from rich.text import Text
 
@@ -24,11 +23,11 @@ def record_text(record: AttributionRecord, scale: float):
     return text
 
 
-def legend(scale: float):
+def legend(scale: tuple[float, float]):
     """One line explaining the colours."""
     from rich.text import Text
 
-    lo, hi = (math.exp(-scale), math.exp(scale)) if scale > 0 else (1.0, 1.0)
+    lo, hi = scale
     text = Text("colour: ")
     text.append(f" weight {lo:.2f} ", style=f"black on {_rgb(COOL)}")
     text.append(" 1 ", style="black on rgb(255,255,255)")
@@ -39,7 +38,7 @@ def legend(scale: float):
 
 
 def render_terminal(records: Sequence[AttributionRecord], console=None) -> None:
-    """Print records to a ``rich`` console (default: stdout); one colour scale for all of them."""
+    """Print records to a ``rich`` console (default: stdout); one colour range for all of them."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -47,7 +46,7 @@ def render_terminal(records: Sequence[AttributionRecord], console=None) -> None:
     if not records:
         raise ValueError("no attribution records to render")
     console = console or Console()
-    scale = weight_scale(records)
+    scale = weight_range(records)
     console.print(legend(scale))
     for n, group in enumerate(group_records(records), 1):
         console.rule(f"example {n}")
