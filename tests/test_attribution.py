@@ -84,6 +84,8 @@ def test_decode_tokens_reassembles_multibyte_characters():
     assert "".join(pieces) == text
     assert "" in pieces  # a token holding the first bytes of a character
     assert "\n\n" in "".join(pieces) and "😀" in pieces
+    cut = ids[: pieces.index("😀")]  # a completion cut off before the emoji's last byte
+    assert tok.decode(cut).endswith("\ufffd") and "".join(decode_tokens(tok, cut)) == tok.decode(cut)
 
 
 def test_decode_tokens_char_tokenizer(char_tokenizer):

@@ -110,23 +110,29 @@ def is_record_file(path: str | os.PathLike) -> bool:
     raise ValueError(f"{path}: no rows")
 
 
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
 def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """Token texts whose concatenation is ``tokenizer.decode(ids)`` (cumulative decoding).
+    """Token texts whose concatenation is ``tokenizer.decode(ids)`` (incremental decoding).
 
     A byte-level BPE token holding part of a multi-byte character gets ``""``; the token completing the
-    character carries it. Whitespace and newlines are kept as they decode.
+    character carries it (a character cut off at the end stays with the last token, as ``"\ufffd"``).
+    Whitespace and newlines are kept as they decode. Each token is decoded in a short window after the
+    last complete one, so the cost is linear in the length.
     """
     ids = [int(i) for i in ids]
-    out, done = [], ""
+    out, prefix, read = [], 0, 0
     for k in range(len(ids)):
-        text = tokenizer.decode(ids[: k + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        if text.startswith(done) and not text.endswith("\ufffd"):
-            out.append(text[len(done) :])
-            done = text
-        else:
-            out.append("")
-    if ids:
-        out[-1] += text[len(done) :] if text.startswith(done) else ""
+        done, text = _decode(tokenizer, ids[prefix:read]), _decode(tokenizer, ids[prefix : k + 1])
+        complete = len(text) > len(done) and text.startswith(done) and not text.endswith("\ufffd")
+        out.append(text[len(done) :] if complete else "")
+        if complete:
+            prefix, read = read, k + 1
+    joined, full = "".join(out), _decode(tokenizer, ids)
+    if ids and joined != full and full.startswith(joined):
+        out[-1] += full[len(joined) :]
     return out
 
 
