@@ -1,0 +1,56 @@
+"""One rank of the 2-process DDP test: ``torchrun --nproc_per_node 2 tests/ddp_worker.py OUT_JSON``.
+
+Trains the warm tiny LM with OAR-G for 3 steps on CPU (gloo), then rank 0 writes whether the parameters
+are identical on every rank, whether they moved, and the OAR metrics of each step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm  # noqa: E402
+
+
+def main(out_path: str) -> None:
+    torch.set_num_threads(1)
+    import datasets
+    import torch.distributed as dist
+
+    from oar.lab.tokenizer import build_char_tokenizer
+    from oar.trainer import OARConfig, OARGRPOTrainer
+
+    tok = build_char_tokenizer()
+    model = warm_tiny_lm(tok)
+    flat0 = torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = OARConfig(**grpo_kwargs(tmp, max_steps=3, per_device_train_batch_size=4), credit="oar-g")
+        trainer = OARGRPOTrainer(model=model, reward_funcs=exact_reward, args=args,
+                                 train_dataset=datasets.Dataset.from_list(task_rows(48, seed=3)),
+                                 processing_class=tok)
+        trainer.train()
+    flat = torch.cat([p.detach().flatten() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()])
+    world = dist.get_world_size()
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    if dist.get_rank() == 0:
+        logs = [h for h in trainer.state.log_history if "loss" in h]
+        result = {
+            "world_size": world,
+            "identical": all(torch.equal(gathered[0], g) for g in gathered[1:]),
+            "moved": not torch.equal(flat0, flat),
+            "frac_scored": [h["oar/frac_scored"] for h in logs],
+            "weight_std": [h["oar/weight_std"] for h in logs],
+        }
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
