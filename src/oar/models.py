@@ -123,6 +123,20 @@ def resolve_model(name_or_path: str, gguf_file: str | None = None) -> tuple[str,
     return name_or_path, gguf_file  # a hub id
 
 
+def model_source(
+    name_or_path: str, *, gguf_file: str | None = None, cache_dir: str | os.PathLike | None = None
+) -> str:
+    """A hub id or local directory that ``from_pretrained`` (or vLLM) can load; GGUF models are converted
+    once to a safetensors directory under ``cache_dir`` (default :func:`default_cache_dir`)."""
+    source, gguf = resolve_model(name_or_path, gguf_file)
+    if gguf is None:
+        return source
+    entry = _gguf_cache_entry(source, gguf, cache_dir)
+    if not (entry / "config.json").is_file():
+        _convert_gguf(source, gguf, entry)
+    return str(entry)
+
+
 def load_model_and_tokenizer(
     name_or_path: str,
     *,
@@ -139,12 +153,7 @@ def load_model_and_tokenizer(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source, gguf = resolve_model(name_or_path, gguf_file)
-    if gguf is not None:
-        entry = _gguf_cache_entry(source, gguf, cache_dir)
-        if not (entry / "config.json").is_file():
-            _convert_gguf(source, gguf, entry)
-        source = str(entry)
+    source = model_source(name_or_path, gguf_file=gguf_file, cache_dir=cache_dir)
     kwargs = {} if dtype is None else {"dtype": dtype}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)

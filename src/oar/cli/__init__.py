@@ -9,6 +9,7 @@ import sys
 # subcommand name -> module exposing ``register(subparsers)`` (which sets ``func`` on its parser)
 SUBCOMMANDS: dict[str, str] = {
     "doctor": "oar.cli.doctor",
+    "eval": "oar.cli.eval",
     "train": "oar.cli.train",
     "attribute": "oar.cli.attribute",
     "report": "oar.cli.report",

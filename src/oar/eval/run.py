@@ -1,0 +1,245 @@
+"""``evaluate``: generate, grade and summarise a model on math benchmarks, resumable from its JSONL.
+
+Output directory: ``config.json`` (the settings the samples belong to), ``samples.jsonl`` (one line per
+sample: prompt, completion, extracted answer, gold, correct), ``summary.json`` and ``eval.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oar.eval.benchmarks import Problem, load_benchmark, parse_benchmarks
+from oar.eval.generation import DEFAULT_PROMPT, HFGenerator, VLLMGenerator, build_prompt, check_template
+from oar.eval.metrics import summarize
+from oar.grading import extract_answer, grade_answers
+
+# settings that change what a sample is: a resumed run must agree on all of them
+_SAMPLE_KEYS = (
+    "model",
+    "data_dir",
+    "samples",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "prompt_template",
+    "seed",
+)
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate and how. ``temperature`` None: 0 (greedy) for one sample, 0.6 for several."""
+
+    model: str
+    benchmarks: list[str] = field(default_factory=lambda: ["gsm8k", "math500"])
+    data_dir: str | None = None
+    samples: int = 1
+    temperature: float | None = None
+    top_p: float = 0.95
+    max_new_tokens: int = 512
+    limit: int | None = None
+    batch_size: int = 8
+    prompt_template: str = DEFAULT_PROMPT
+    seed: int = 0
+    backend: str = "auto"  # auto | transformers | vllm
+    dtype: str | None = None
+    output_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        self.benchmarks = parse_benchmarks(self.benchmarks)
+        check_template(self.prompt_template)
+        if self.temperature is None:
+            self.temperature = 0.0 if self.samples == 1 else 0.6
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.samples > 1 and self.temperature <= 0:
+            raise ValueError(
+                f"{self.samples} samples per problem need a temperature > 0, got {self.temperature}"
+            )
+        if self.temperature == 0:
+            self.top_p = 1.0
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.backend not in ("auto", "transformers", "vllm"):
+            raise ValueError(f"backend must be auto, transformers or vllm, got {self.backend!r}")
+        if self.data_dir is not None:
+            if not Path(self.data_dir).is_dir():
+                raise FileNotFoundError(f"data directory not found: {self.data_dir}")
+            self.data_dir = str(Path(self.data_dir).resolve())
+        if self.output_dir is None:
+            slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.model.rstrip("/")).name or self.model)
+            self.output_dir = str(Path("runs") / "eval" / slug)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never a half-written file)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read_samples(path: Path, samples: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """Finished problems of a (possibly interrupted) JSONL: ``(benchmark, index) -> records by sample``.
+
+    A problem counts only when all ``samples`` of it are present; a torn last line is ignored.
+    """
+    found: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            found.setdefault((rec["benchmark"], rec["index"]), {})[rec["sample"]] = rec
+    return {k: [v[s] for s in range(samples)] for k, v in found.items() if set(v) >= set(range(samples))}
+
+
+def _check_resume(out: Path, config: EvalConfig) -> None:
+    wanted = {k: getattr(config, k) for k in _SAMPLE_KEYS}
+    path = out / "config.json"
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        diff = {k: (stored.get(k), v) for k, v in wanted.items() if stored.get(k) != v}
+        if diff:
+            raise ValueError(
+                f"{out} holds samples of other settings {diff} (stored, requested); pass another --output-dir"
+            )
+    write_atomic(path, json.dumps(wanted, indent=2) + "\n")
+
+
+def _make_generator(config: EvalConfig) -> tuple[Any, Any]:
+    """(generate callable, tokenizer) for the configured backend."""
+    from oar.eval.generation import vllm_available
+    from oar.models import load_model_and_tokenizer, model_source
+
+    use_vllm = config.backend == "vllm" or (config.backend == "auto" and vllm_available())
+    if use_vllm:
+        if not vllm_available():
+            raise ValueError("backend 'vllm' needs the vllm package and a CUDA GPU")
+        from transformers import AutoTokenizer
+
+        source = model_source(config.model)
+        return VLLMGenerator(source, dtype=config.dtype or "auto"), AutoTokenizer.from_pretrained(source)
+    import torch
+
+    model, tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return HFGenerator(model, tokenizer), tokenizer
+
+
+def _records(
+    problem: Problem, prompt: str, completions: list[str], verdicts: list[bool]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "benchmark": problem.benchmark,
+            "index": problem.index,
+            "sample": s,
+            "prompt": prompt,
+            "completion": c,
+            "extracted": extract_answer(c),
+            "gold": problem.gold,
+            "correct": ok,
+        }
+        for s, (c, ok) in enumerate(zip(completions, verdicts, strict=True))
+    ]
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The summary as a Markdown table (percentages, 95% intervals in brackets)."""
+    cfg = summary["config"]
+    k = cfg["samples"]
+    metrics = ["accuracy"] if k == 1 else [f"avg@{k}", f"pass@{k}"]
+    head = (
+        f"**{cfg['model']}** — "
+        + ("greedy" if k == 1 else f"{k} samples, temperature {cfg['temperature']}, top-p {cfg['top_p']}")
+        + f", max {cfg['max_new_tokens']} new tokens"
+    )
+    lines = [
+        head,
+        "",
+        "| benchmark | problems | " + " | ".join(metrics) + " |",
+        "|---|---:|" + "---:|" * len(metrics),
+    ]
+    for name, res in summary["benchmarks"].items():
+        cells = []
+        for m in metrics:
+            lo, hi = res["metrics"][m]["ci95"]
+            cells.append(f"{100 * res['metrics'][m]['mean']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]")
+        lines.append(f"| {name} | {res['problems']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Percent, 95% interval in brackets; wall time {summary['wall_s']:.0f} s.")
+    return "\n".join(lines) + "\n"
+
+
+def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an evaluation; returns the summary also written to ``summary.json``/``eval.md``."""
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_resume(out, config)
+    jsonl = out / "samples.jsonl"
+    done = read_samples(jsonl, config.samples)
+    problems = {b: load_benchmark(b, config.data_dir, config.limit) for b in config.benchmarks}
+    pending = [p for ps in problems.values() for p in ps if (p.benchmark, p.index) not in done]
+
+    if pending:
+        generate, tokenizer = _make_generator(config)
+        prompts = {id(p): build_prompt(p.question, tokenizer, config.prompt_template) for p in pending}
+        pending.sort(key=lambda p: (p.benchmark, len(prompts[id(p)])))  # similar lengths share a batch
+        if jsonl.is_file() and jsonl.stat().st_size and not jsonl.read_bytes().endswith(b"\n"):
+            with jsonl.open("a", encoding="utf-8") as f:
+                f.write("\n")  # end a line torn by an interruption
+        bar = tqdm(total=len(pending), desc="eval", unit="problem", disable=not progress)
+        with jsonl.open("a", encoding="utf-8") as f:
+            for start in range(0, len(pending), config.batch_size):
+                batch = pending[start : start + config.batch_size]
+                bar.set_postfix_str(batch[0].benchmark)
+                texts = [prompts[id(p)] for p in batch]
+                completions = generate(
+                    texts,
+                    samples=config.samples,
+                    temperature=config.temperature,
+                    top_p=config.top_p,
+                    max_new_tokens=config.max_new_tokens,
+                    seed=config.seed + start,
+                )
+                verdicts = grade_answers(
+                    [c for cs in completions for c in cs],
+                    [p.gold for p in batch for _ in range(config.samples)],
+                )
+                for i, (p, cs) in enumerate(zip(batch, completions, strict=True)):
+                    vs = verdicts[i * config.samples : (i + 1) * config.samples]
+                    recs = _records(p, texts[i], cs, vs)
+                    for rec in recs:
+                        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                        f.flush()
+                    done[(p.benchmark, p.index)] = recs
+                bar.update(len(batch))
+        bar.close()
+
+    summary: dict[str, Any] = {"config": dataclasses.asdict(config), "benchmarks": {}}
+    for name, ps in problems.items():
+        correct = [[r["correct"] for r in done[(name, p.index)]] for p in ps]
+        summary["benchmarks"][name] = {"problems": len(ps), "metrics": summarize(correct)}
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["generated_problems"] = len(pending)
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_atomic(out / "eval.md", format_table(summary))
+    return summary
