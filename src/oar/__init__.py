@@ -58,6 +58,11 @@ _EXPORTS: dict[str, str] = {
     # evaluation
     "load_model_and_tokenizer": "oar.models",
     "smollm2_gguf_path": "oar.models",
+    "model_source": "oar.models",
+    "EvalConfig": "oar.eval.run",
+    "evaluate": "oar.eval.run",
+    "load_benchmark": "oar.eval.benchmarks",
+    "pass_at_k": "oar.eval.metrics",
     # visualisation
     "AttributionRecord": "oar.attribution",
     "attribute": "oar.attribution",
