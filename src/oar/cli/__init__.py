@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "oar.cli.train",
     "attribute": "oar.cli.attribute",
     "report": "oar.cli.report",
+    "compare": "oar.cli.compare",
 }
 
 

@@ -1,0 +1,36 @@
+"""``oar compare``: GRPO vs OAR on the arithmetic lab (CPU, offline); logic in :mod:`oar.lab.compare`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("compare", help="train GRPO and OAR side by side on the arithmetic lab")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_const", dest="preset", const="quick",
+                      help="CI smoke comparison (about 3 minutes)")
+    mode.add_argument("--study", action="store_const", dest="preset", const="study",
+                      help="5 seeds, 3 credits, longer budget (about 90 minutes on 2 cores)")
+    p.set_defaults(preset="default", func=run)
+    p.add_argument("--credits", help="comma-separated credits, e.g. grpo,oar-g,oar-p (default: the preset's)")
+    p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
+    p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
+    p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")
+    p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from oar.lab.compare import compare
+
+    credits = tuple(c.strip() for c in args.credits.split(",") if c.strip()) if args.credits else None
+    if args.credits is not None and not credits:
+        raise ValueError(f"--credits is empty: {args.credits!r}")
+    results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
+                      verbosity=args.verbosity, workers=args.workers)
+    from oar.lab.compare import markdown_table
+
+    print(markdown_table(results))
+    print(f"wrote {args.out}/results.json and results.md ({results['wall_seconds'] / 60:.1f} min)")
+    return 0

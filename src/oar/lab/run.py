@@ -1,0 +1,156 @@
+"""One lab training run: the warm-started model trained by ``OARGRPOTrainer`` under a wall-clock budget,
+with held-out sampled accuracy evaluated along the way; writes the shared run-directory format."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from oar.lab.model import accuracy
+from oar.lab.task import lab_reward, make_split
+from oar.lab.warmstart import WarmStartConfig, warm_start
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """RL recipe of one lab run (the tuned defaults; see docs/lab.md for what was tried).
+
+    ``budget_s``: training seconds (evaluation excluded) after which the run stops; ``max_steps`` caps it too.
+    ``eval_problems`` held-out problems × ``eval_k`` samples at ``temperature`` give ``eval/accuracy``.
+    """
+
+    credit: str = "grpo"
+    seed: int = 0
+    warm: WarmStartConfig = field(default_factory=WarmStartConfig)
+    prompts_per_step: int = 16
+    group_size: int = 8
+    temperature: float = 1.0
+    lr: float = 1e-3
+    warmup_steps: int = 5
+    max_grad_norm: float = 1.0
+    adam_beta2: float = 0.99
+    loss_type: str = "dr_grpo"
+    max_completion_length: int = 128
+    budget_s: float = 120.0
+    max_steps: int = 10_000
+    eval_every: int = 20
+    eval_problems: int = 256
+    eval_k: int = 4
+    train_pool: int = 20_000
+    oar: dict = field(default_factory=dict)  # extra OARConfig fields (oar_tau, noise_std, probe_mode, ...)
+
+    def __post_init__(self) -> None:
+        if self.budget_s <= 0:
+            raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _callback(cfg: RunConfig, run_dir: Path, model, tokenizer, test, clean_len: int):
+    from transformers import TrainerCallback
+
+    class LabCallback(TrainerCallback):
+        """Evaluates every ``eval_every`` steps, stops at the training-time budget, appends metrics.jsonl."""
+
+        def __init__(self) -> None:
+            self.train_s = 0.0
+            self.eval_s = 0.0
+            self.t_step = None
+            self.pending: dict = {}
+            self.last_eval: dict = {}
+            self.file = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed at train end)
+
+        def evaluate(self, step: int) -> dict:
+            t0 = time.perf_counter()
+            r = accuracy(model, tokenizer, test, k=cfg.eval_k, temperature=cfg.temperature,
+                         max_new_tokens=clean_len, seed=1000 + step)
+            self.eval_s += time.perf_counter() - t0
+            self.last_eval = {f"eval/{k}": v for k, v in r.items()}
+            return self.last_eval
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.write({"step": 0, **self.evaluate(0)})
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t_step = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.train_s += time.perf_counter() - self.t_step
+            if self.train_s >= cfg.budget_s:
+                control.should_training_stop = True
+            if state.global_step % cfg.eval_every == 0 or control.should_training_stop:
+                self.pending.update(self.evaluate(state.global_step))
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            self.write({"step": state.global_step, **(logs or {}), **self.pending})
+            self.pending = {}
+
+        def write(self, row: dict) -> None:
+            row = {"wall_time": round(self.train_s, 3), "eval_time": round(self.eval_s, 3), **row}
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+        def on_train_end(self, args, state, control, **kw):
+            self.file.close()
+
+    return LabCallback()
+
+
+def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None) -> dict:
+    """Train one (credit, seed) run into ``run_dir`` (run.json, metrics.jsonl, summary.json); returns the summary.
+
+    Uses ``oar.trainer.OARGRPOTrainer`` (``credit="grpo"`` is TRL's GRPO). One torch thread.
+    """
+    from datasets import Dataset
+    from transformers import PrinterCallback
+
+    from oar.trainer import OARConfig, OARGRPOTrainer
+
+    torch.set_num_threads(1)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    model, tok, warm_path = warm_start(cfg.warm, cache_dir, progress=False)
+    task = replace(cfg.warm.task, slip_rate=0.0)
+    train = make_split(task, "train", cfg.train_pool, seed=cfg.seed)
+    test = make_split(task, "test", cfg.eval_problems, seed=0)
+    meta = {"credit": cfg.credit, "seed": cfg.seed, "model": f"lab:{warm_path.name}", "config": asdict(cfg)}
+    _atomic_write(run_dir / "run.json", json.dumps(meta, indent=1))
+    ds = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
+    args = OARConfig(
+        output_dir=str(run_dir), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=False,
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size, num_generations=cfg.group_size,
+        max_completion_length=cfg.max_completion_length, temperature=cfg.temperature, top_k=0, top_p=1.0,
+        learning_rate=cfg.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.warmup_steps,
+        max_grad_norm=cfg.max_grad_norm, adam_beta2=cfg.adam_beta2, beta=0.0, loss_type=cfg.loss_type,
+        max_steps=cfg.max_steps, logging_steps=1, save_strategy="no", report_to="none",
+        disable_tqdm=True, dataloader_num_workers=0, conclude_text="\\boxed{", **cfg.oar,
+    )
+    cb = _callback(cfg, run_dir, model, tok, test, cfg.max_completion_length)
+    trainer = OARGRPOTrainer(model=model, args=args, processing_class=tok, reward_funcs=lab_reward,
+                             train_dataset=ds, callbacks=[cb])
+    trainer.remove_callback(PrinterCallback)
+    t0 = time.perf_counter()
+    trainer.train()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/accuracy" in r]
+    summary = {
+        "credit": cfg.credit, "seed": cfg.seed, "steps": trainer.state.global_step,
+        "train_seconds": cb.train_s, "eval_seconds": cb.eval_s, "wall_seconds": time.perf_counter() - t0,
+        "start": evals[0], "final": evals[-1],
+    }
+    _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,84 @@
+"""``oar compare``: statistics, the results table, argument errors, and one tiny end-to-end comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from oar.cli import main
+from oar.lab.compare import PRESETS, compare, markdown_table, mean_ci, summarize, t_quantile
+from oar.lab.model import ModelConfig
+from oar.lab.task import TaskConfig
+from oar.lab.warmstart import WarmStartConfig
+
+
+def test_mean_ci_matches_hand_computation():
+    s = mean_ci([0.5, 0.6, 0.7])
+    assert s["mean"] == pytest.approx(0.6) and s["std"] == pytest.approx(0.1)
+    assert s["ci95"] == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert math.isnan(mean_ci([0.4])["ci95"]) and t_quantile(11) == 2.179 and t_quantile(100) == 1.96
+
+
+def _fake_run(path, accs, step_time, entropy):
+    path.mkdir(parents=True)
+    rows = []
+    for i, a in enumerate(accs):
+        rows.append({"step": 10 * i, "wall_time": 5.0 * i, "eval/accuracy": a, "eval/greedy_accuracy": a + 0.1,
+                     "eval/pass_at_k": a + 0.2, **({"step_time": step_time, "entropy": entropy, "grad_norm": 1.0,
+                                                    "reward": a} if i else {})})
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def test_summarize_aggregates_over_seeds_and_times_to_reference(tmp_path):
+    dirs = {("grpo", 0): _fake_run(tmp_path / "g0", [0.2, 0.3, 0.4, 0.4], 1.0, 0.5),
+            ("grpo", 1): _fake_run(tmp_path / "g1", [0.2, 0.3, 0.3, 0.5], 1.0, 0.4),
+            ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2, 0.45, 0.5, 0.5], 1.5, 0.6),
+            ("oar-g", 1): _fake_run(tmp_path / "o1", [0.2, 0.2, 0.3, 0.3], 1.5, 0.6)}
+    res = summarize(dirs)
+    g, o = res["credits"]["grpo"], res["credits"]["oar-g"]
+    assert res["reference_final_accuracy"] == pytest.approx(0.4)  # mean of last-two averages 0.4 and 0.4
+    assert g["final_accuracy"]["mean"] == pytest.approx(0.4) and o["final_accuracy"]["mean"] == pytest.approx(0.4)
+    assert g["gain"]["mean"] == pytest.approx(0.2)
+    assert o["reached_ref"] == "1/2" and o["steps_to_ref"]["mean"] == 10 and o["seconds_to_ref"]["mean"] == 5.0
+    assert g["step_time"]["mean"] == 1.0 and o["step_time"]["mean"] == 1.5 and o["final_entropy"]["mean"] == 0.6
+    table = markdown_table(res)
+    assert "| grpo | 20.0 ± 0.0 [±0.0] → 40.0 ± 0.0 [±0.0] | 20.0 ± 0.0" in table and "| oar-g |" in table
+
+
+def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
+    with pytest.raises(ValueError, match="'ppo'"):
+        compare(tmp_path, credits=("grpo", "ppo"))
+    with pytest.raises(ValueError, match="preset"):
+        compare(tmp_path, preset="huge")
+    assert main(["compare", "--seeds", "0", "--out", str(tmp_path)]) == 2
+    assert "seeds must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_presets_fit_their_budgets():
+    q, d, s = PRESETS["quick"], PRESETS["default"], PRESETS["study"]
+    assert len(q.credits) * q.seeds * q.budget_s <= 2 * 60  # 2 workers, ≤ 3 min wall with start-up and evals
+    assert len(d.credits) >= 2 and d.seeds >= 2 and len(s.credits) == 3 and s.seeds >= 5
+
+
+@pytest.mark.slow
+def test_tiny_end_to_end_compare(tmp_path):
+    warm = WarmStartConfig(task=TaskConfig(verbosity=1, slip_rate=0.1), model=ModelConfig(hidden=32, layers=1, mlp=64),
+                           steps=40, batch_size=16, lr=1e-2, warmup=5)
+    res = compare(tmp_path / "out", preset="quick", seeds=1, budget_s=3, workers=1, warm=warm,
+                  cache_dir=tmp_path / "cache", report=False,
+                  run_overrides={"eval_problems": 16, "eval_k": 1, "eval_every": 2, "prompts_per_step": 2,
+                                 "group_size": 4, "max_completion_length": 48})
+    assert set(res["credits"]) == {"grpo", "oar-g"}
+    for credit in ("grpo", "oar-g"):
+        run = tmp_path / "out" / f"{credit}-s0"
+        meta = json.loads((run / "run.json").read_text())
+        assert meta["credit"] == credit and meta["seed"] == 0
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert rows[0]["step"] == 0 and "eval/accuracy" in rows[0] and any("step_time" in r for r in rows)
+    share = {c: res["credits"][c]["importance_share"]["mean"] for c in ("grpo", "oar-g")}
+    assert share["oar-g"] > 0.01 > share["grpo"]
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["seeds"] == 1
+    assert "| oar-g |" in (tmp_path / "out" / "results.md").read_text()
