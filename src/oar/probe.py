@@ -116,8 +116,8 @@ class OutcomeProbe:
     ) -> None:
         if answer_source not in ("completion", "reference"):
             raise ValueError(f"answer_source must be 'completion' or 'reference', got {answer_source!r}")
-        if max_length is not None and max_length < 4:
-            raise ValueError(f"max_length must be >= 4, got {max_length}")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
         self.tokenizer = tokenizer
         self.conclude = conclude
         self.answer_source = answer_source
