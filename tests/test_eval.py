@@ -225,6 +225,7 @@ def test_evaluate_writes_results_and_resumes_after_interrupt(monkeypatch, tmp_pa
     assert json.loads((tmp_path / "summary.json").read_text())["benchmarks"] == summary["benchmarks"]
     table = (tmp_path / "eval.md").read_text()
     assert table == format_table(summary) and "| gsm8k | 6 |" in table and "| aime24 | 6 |" in table
+    assert summary["benchmarks"]["gsm8k"]["answered"] == 1.0  # every fake completion has a box
 
     fake = _install_fake(monkeypatch, config)
     evaluate(config, progress=False)

@@ -44,14 +44,20 @@ def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
 def extract_answer(text: str) -> str | None:
     """Final answer of a completion: the last ``\\boxed{...}``, else a final "answer is ..." / "#### ...".
 
-    A single line without any marker is taken as a bare answer. None when nothing is found (also for a
-    completion cut off inside its last box).
+    A single line without any marker and not prose (three words in a row) is taken as a bare answer.
+    None when nothing is found (also for a completion cut off inside its last box).
     """
     span = locate_answer(text)
     if span is not None:
         return span.answer(text)
     bare = text.strip().strip("$").strip()
-    return bare if bare and "\n" not in bare and "\\boxed" not in bare else None
+    if not bare or "\n" in bare or "\\boxed" in bare or _PROSE.search(_TEXT.sub("", bare)):
+        return None
+    return bare
+
+
+_PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}\s+[A-Za-z]{2,}")
+_TEXT = re.compile(r"\\(?:text|mathrm|mbox)\{[^{}]*\}")
 
 
 def normalize_gold(gold: Any) -> str:
@@ -97,6 +103,7 @@ def gold_answer(row: Mapping[str, Any], benchmark: str | None = None) -> str:
 
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_FRACTION = re.compile(r"([+-]?)\s*(?:\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}|(\d+)\s*/\s*(\d+))")
 # a trailing unit: \text{...}, degrees, or plain words (not math such as "pi", "sqrt")
 _UNIT = re.compile(
     r"\\(?:text|mathrm|mbox)\{[^{}]*\}|\^\{?\\circ\}?"
@@ -112,9 +119,14 @@ def _format_number(x: float) -> str:
 
 
 def _as_number(text: str) -> tuple[float, bool] | None:
-    """(value, is_percent) when ``text`` is one plain number, maybe with ``$``, a percent sign or a unit."""
+    """(value, is_percent) when ``text`` is one plain number or integer fraction, maybe with ``$``, a percent
+    sign or a unit."""
     s = _LATEX_SPACES.sub("", text).replace("\\$", "").replace("$", "").strip().rstrip(".").strip()
     s = _THOUSANDS.sub("", s)
+    frac = _FRACTION.fullmatch(s)
+    if frac is not None:
+        sign, num, den = frac.group(1), frac.group(2) or frac.group(4), frac.group(3) or frac.group(5)
+        return ((-1 if sign == "-" else 1) * int(num) / int(den), False) if int(den) else None
     pct = s.endswith("%")
     if pct:
         s = s.rstrip("%").removesuffix("\\").strip()
@@ -154,9 +166,15 @@ def _fast_grade(pred: str, gold: str) -> bool | None:
 def _verify(pred: str, gold: str) -> bool:
     """math-verify equivalence of two extracted answers (no timeout here: the caller bounds it)."""
     from math_verify import verify
+    from sympy import Expr, Number
 
     gold_parsed, pred_parsed = _parse_cached(gold), _parse_cached(pred)
-    return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    if not gold_parsed or not pred_parsed:
+        return False
+    g, p = gold_parsed[0], pred_parsed[0]
+    if isinstance(p, Number) and isinstance(g, Expr) and g.free_symbols:
+        return False  # a number never equals an expression in free variables (sympy may take seconds)
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
 def _parse_cached(text: str, _cache: dict[str, Any] = {}) -> Any:  # noqa: B006  (a per-process cache)
@@ -338,10 +356,14 @@ def grade_answers(
     verdicts: list[bool | None] = []
     slow: list[tuple[str, str]] = []
     for completion, gold in zip(completions, golds, strict=True):
-        pred = extract_answer(completion_text(completion))
-        verdict = False if pred is None else _fast_grade(pred, normalize_gold(gold))
+        text, gold = completion_text(completion), normalize_gold(gold)
+        pred = extract_answer(text)
+        if pred is None:  # no answer marker: right only when the whole text is the answer
+            verdict = "".join(text.split()).strip("$") == "".join(gold.split())
+        else:
+            verdict = _fast_grade(pred, gold)
         if verdict is None:
-            slow.append((pred, normalize_gold(gold)))
+            slow.append((pred, gold))
         verdicts.append(verdict)
     slow_results = iter(_math_verify(slow, timeout)) if slow else iter(())
     return [next(slow_results) if v is None else v for v in verdicts]

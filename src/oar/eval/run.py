@@ -172,17 +172,21 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         head,
         "",
-        "| benchmark | problems | " + " | ".join(metrics) + " |",
-        "|---|---:|" + "---:|" * len(metrics),
+        "| benchmark | problems | " + " | ".join(metrics) + " | answered |",
+        "|---|---:|" + "---:|" * (len(metrics) + 1),
     ]
     for name, res in summary["benchmarks"].items():
         cells = []
         for m in metrics:
             lo, hi = res["metrics"][m]["ci95"]
             cells.append(f"{100 * res['metrics'][m]['mean']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]")
+        cells.append(f"{100 * res['answered']:.1f}")
         lines.append(f"| {name} | {res['problems']} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"Percent, 95% interval in brackets; wall time {summary['wall_s']:.0f} s.")
+    lines.append(
+        f"Percent, 95% interval in brackets; answered: samples with an extractable final answer; "
+        f"wall time {summary['wall_s']:.0f} s."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -236,8 +240,13 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
 
     summary: dict[str, Any] = {"config": dataclasses.asdict(config), "benchmarks": {}}
     for name, ps in problems.items():
-        correct = [[r["correct"] for r in done[(name, p.index)]] for p in ps]
-        summary["benchmarks"][name] = {"problems": len(ps), "metrics": summarize(correct)}
+        recs = [done[(name, p.index)] for p in ps]
+        answered = sum(r["extracted"] is not None for rs in recs for r in rs) / (len(ps) * config.samples)
+        summary["benchmarks"][name] = {
+            "problems": len(ps),
+            "metrics": summarize([[r["correct"] for r in rs] for rs in recs]),
+            "answered": answered,
+        }
     summary["wall_s"] = time.perf_counter() - t0
     summary["generated_problems"] = len(pending)
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
