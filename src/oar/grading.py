@@ -33,6 +33,9 @@ _START_TIMEOUT = 120.0  # seconds for the helper to import math-verify and sympy
 
 # ---------------------------------------------------------------------------------------------- extraction
 
+_PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # three words in a row
+_TEXT = re.compile(r"\\(?:text|mathrm|mbox)\{[^{}]*\}")
+
 
 def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
     """The text of a completion: a string, or TRL's conversational form (a list of message dicts)."""
@@ -55,9 +58,6 @@ def extract_answer(text: str) -> str | None:
         return None
     return bare
 
-
-_PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}\s+[A-Za-z]{2,}")
-_TEXT = re.compile(r"\\(?:text|mathrm|mbox)\{[^{}]*\}")
 
 
 def normalize_gold(gold: Any) -> str:
