@@ -105,3 +105,15 @@ def test_dataset_loader_formats(tmp_path):
     assert b[0] == {"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}
     with pytest.raises(ValueError, match="'question'"):
         load_train_dataset(str(tmp_path / "d.jsonl"), prompt_column="question")
+
+
+def test_gpu_recipes_parse_with_trl_parser():
+    from pathlib import Path
+
+    from oar.training import parse_train_args
+
+    recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+    assert recipes, "no recipe found"
+    for recipe in recipes:
+        script, config = parse_train_args(["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"])
+        assert script.model and script.dataset and config.use_vllm and config.credit != "grpo", recipe.name
