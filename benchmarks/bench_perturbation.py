@@ -1,7 +1,7 @@
 """OAR-P fast path vs the naive definition on the same probes: time and peak memory.
 
     python benchmarks/bench_perturbation.py [--hidden 256 --layers 4 --prompt 128 --reasoning 512]
-        [--vocab 49152] [--chunk-size 32] [--naive-copies 64] [--device cpu] [--threads 1]
+        [--vocab 49152] [--chunk-size 16] [--naive-copies 64] [--device cpu] [--threads 1]
 
 The naive definition costs one full forward (full logits) per perturbed copy, the same for every copy,
 so on a CPU it is timed on ``--naive-copies`` reasoning positions and extrapolated linearly to all of
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--reasoning", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--mode", default="last")
-    ap.add_argument("--chunk-size", type=int, default=32)
+    ap.add_argument("--chunk-size", type=int, default=16)
     ap.add_argument("--naive-copies", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")

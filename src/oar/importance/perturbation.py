@@ -99,7 +99,7 @@ def perturbation_scores(
     answer_mask: torch.Tensor,
     mode: str = "last",
     replace_id: int | None = None,
-    chunk_size: int = 32,
+    chunk_size: int = 16,
     span: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """OAR-P importance of every reasoning token (exact; see the module docstring for the fast path).
