@@ -227,7 +227,8 @@ class _Helper:
             [sys.executable, "-m", "oar.grading"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            # the caller's import path, so the helper imports the same oar and math-verify
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, sys.path))},
         )
         self.pid_owner = os.getpid()
         self.buf = b""
