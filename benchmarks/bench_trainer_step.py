@@ -1,8 +1,9 @@
 """Step time of OARGRPOTrainer per credit, relative to plain GRPO, and the share of the importance pass.
 
 A ~1M-parameter Qwen2 (char tokenizer) is warm-started on a two-step one-digit addition task with boxed answers, then
-trained for a few GRPO steps with each credit on the same data and seed. Reports the mean step time
-(first step dropped), the ratio to ``credit=grpo`` and the importance pass's share of the step.
+trained for a few GRPO steps with each credit on the same data and seed. Reports the mean wall step time
+(TRL's ``step_time``, first step dropped), the process CPU time per step (robust to other load on a shared
+machine; one torch thread), their ratios to ``credit=grpo`` and the importance pass's share of the step.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_trainer_step.py [--steps 6] [--completion 64]
 """
@@ -68,7 +69,7 @@ def warm_model(tok, hidden: int, layers: int, steps: int):
     return model.eval()
 
 
-def run(credit: str, base, tok, steps: int, completion: int, batch: int) -> dict[str, float]:
+def run(credit: str, base, tok, steps: int, completion: int, batch: int, oar_batch: int) -> dict[str, float]:
     import copy
 
     import datasets
@@ -80,15 +81,18 @@ def run(credit: str, base, tok, steps: int, completion: int, batch: int) -> dict
             output_dir=tmp, use_cpu=True, bf16=False, report_to="none", seed=0, credit=credit,
             per_device_train_batch_size=batch, num_generations=8, max_completion_length=completion,
             max_steps=steps, learning_rate=1e-4, logging_steps=1, save_strategy="no", disable_dropout=True,
-            gradient_checkpointing=False,
+            gradient_checkpointing=False, oar_batch_size=oar_batch,
         )
         trainer = OARGRPOTrainer(model=copy.deepcopy(base), reward_funcs=reward, args=args,
                                  train_dataset=datasets.Dataset.from_list(rows(256, seed=2)),
                                  processing_class=tok)
+        cpu0 = time.process_time()
         trainer.train()
+        cpu = (time.process_time() - cpu0) / steps
     logs = [h for h in trainer.state.log_history if "step_time" in h][1:]
     return {
         "step_time": statistics.mean(h["step_time"] for h in logs),
+        "cpu_step_time": cpu,
         "importance_time": statistics.mean(h["oar/importance_time"] for h in logs),
         "importance_share": sum(h["oar/importance_time"] for h in logs) / sum(h["step_time"] for h in logs),
         "reward": statistics.mean(h["reward"] for h in logs),
@@ -104,6 +108,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--oar-batch-size", type=int, default=8, help="completions per importance-scorer call")
     p.add_argument("--credits", default="grpo,oar-g,oar-p")
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -115,13 +120,16 @@ def main() -> None:
     base = warm_model(tok, a.hidden, a.layers, a.sft_steps)
     n_params = sum(p.numel() for p in base.parameters())
     print(f"model: {n_params / 1e6:.2f}M params, warm start {time.perf_counter() - t0:.0f}s")
-    results = {c: run(c, base, tok, a.steps, a.completion, a.batch) for c in a.credits.split(",")}
+    results = {c: run(c, base, tok, a.steps, a.completion, a.batch, a.oar_batch_size) for c in a.credits.split(",")}
     ref = results.get("grpo", {}).get("step_time")
-    print(f"{'credit':>8} {'step s':>8} {'x grpo':>7} {'imp s':>7} {'share':>6} {'scored':>6} {'reward':>6}")
+    cpu_ref = results.get("grpo", {}).get("cpu_step_time")
+    print(f"{'credit':>8} {'step s':>8} {'x grpo':>7} {'cpu s':>7} {'x grpo':>7} {'imp s':>7} {'share':>6} "
+          f"{'scored':>6} {'reward':>6}")
     for c, r in results.items():
         ratio = r["step_time"] / ref if ref else float("nan")
-        print(f"{c:>8} {r['step_time']:8.3f} {ratio:7.2f} {r['importance_time']:7.3f} "
-              f"{r['importance_share']:6.1%} {r['frac_scored']:6.1%} {r['reward']:6.2f}")
+        cpu_ratio = r["cpu_step_time"] / cpu_ref if cpu_ref else float("nan")
+        print(f"{c:>8} {r['step_time']:8.3f} {ratio:7.2f} {r['cpu_step_time']:7.3f} {cpu_ratio:7.2f} "
+              f"{r['importance_time']:7.3f} {r['importance_share']:6.1%} {r['frac_scored']:6.1%} {r['reward']:6.2f}")
     print(json.dumps({"params": n_params, **results}))
 
 

@@ -87,6 +87,13 @@ def test_trainer_refuses_a_plain_grpo_config(tmp_path, char_tokenizer):
                        processing_class=char_tokenizer)
 
 
+def test_reference_answers_need_their_column(tmp_path, char_tokenizer):
+    with pytest.raises(ValueError, match="'gold'"):
+        OARGRPOTrainer(model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+                       args=OARConfig(**grpo_kwargs(str(tmp_path)), answer_source="reference", reference_column="gold"),
+                       train_dataset=_dataset(), processing_class=char_tokenizer)
+
+
 # --- parity with the peer ------------------------------------------------------------------------------
 
 

@@ -122,6 +122,10 @@ class OARGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, OARConfig):
             raise ValueError(f"OARGRPOTrainer needs args=OARConfig(...), got {type(self.args).__name__}")
+        columns = getattr(self.train_dataset, "column_names", None)
+        if self.args.answer_source == "reference" and columns is not None and self.args.reference_column not in columns:
+            raise ValueError(f"answer_source='reference' reads reference_column={self.args.reference_column!r}, "
+                             f"which the train dataset lacks; columns: {columns}")
         if self.args.credit != "grpo":
             if self.is_fsdp_enabled or (
                 self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
