@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -220,3 +221,33 @@ def test_mismatched_lengths_and_bad_rows_raise():
         grade_answers(["a", "b"], ["1"])
     with pytest.raises(ValueError, match="benchmark 'x' has no gold answer"):
         gold_answer({"question": "q"}, "x")
+
+
+def test_math_reward_drives_trl_grpo(tmp_path, char_tokenizer):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trainer_setup import grpo_kwargs, task_rows, warm_tiny_lm
+
+    seen = []
+
+    def spy(prompts, completions, answer, **kwargs):  # what TRL hands to a reward function
+        seen.extend(zip(completions, answer, strict=True))
+        return [0.0] * len(completions)
+
+    # GSM8K-like raw gold solutions
+    rows = [{"prompt": r["prompt"], "answer": f"Work.\n#### {r['answer']}"} for r in task_rows(16)]
+    trainer = GRPOTrainer(
+        model=warm_tiny_lm(char_tokenizer),
+        processing_class=char_tokenizer,
+        reward_funcs=[math_reward, format_reward, spy],
+        args=GRPOConfig(**grpo_kwargs(str(tmp_path), max_steps=1)),
+        train_dataset=Dataset.from_list(rows),
+    )
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert len(seen) == 8
+    expected_math = sum(extract_answer(c) == normalize_gold(a) for c, a in seen) / len(seen)
+    expected_format = sum("\\boxed{" in c and c.rstrip().endswith("}") for c, _ in seen) / len(seen)
+    assert math.isclose(logged["rewards/math_reward/mean"], expected_math, abs_tol=1e-6)
+    assert math.isclose(logged["rewards/format_reward/mean"], expected_format, abs_tol=1e-6)
