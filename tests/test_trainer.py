@@ -126,7 +126,10 @@ def test_credit_grpo_is_bit_identical_to_trl(tmp_path, char_tokenizer, loss_type
 # --- OAR weights ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("credit, answer_source", [("oar-g", "completion"), ("oar-p", "reference")])
+@pytest.mark.parametrize(
+    "credit, answer_source",
+    [("oar-g", "completion"), ("oar-p", "reference"), ("entropy", "completion"), ("random", "completion")],
+)
 def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_source):
     trainer = RecordingTrainer(
         model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
@@ -172,7 +175,8 @@ def test_weights_reused_across_iterations_and_accumulation(tmp_path, char_tokeni
     trainer = RecordingTrainer(
         model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
         args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=2, per_device_train_batch_size=4,
-                                     gradient_accumulation_steps=2, num_iterations=2), credit="oar-g"),
+                                     gradient_accumulation_steps=2, num_iterations=2, max_grad_norm=1e-6),
+                       credit="oar-g"),
         train_dataset=_dataset(), processing_class=char_tokenizer,
     )
     before = _params(trainer.model)
@@ -182,6 +186,8 @@ def test_weights_reused_across_iterations_and_accumulation(tmp_path, char_tokeni
     assert trainer.batches[0]["old_per_token_logps"] is not None
     after = _params(trainer.model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["oar/grad_clipped"] for h in logs] == [1.0, 1.0], "grad_norm > max_grad_norm must be flagged"
 
 
 def test_every_loss_type_takes_token_advantages(tmp_path, char_tokenizer):
