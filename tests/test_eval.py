@@ -258,6 +258,8 @@ def test_resume_refuses_other_settings(monkeypatch, tmp_path):
     [
         (dict(samples=4, temperature=0.0), "temperature > 0"),
         (dict(samples=0), "samples must be"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(limit=0), "limit"),
         (dict(benchmarks="gsm8k,foo"), "foo"),
         (dict(prompt_template="no placeholder"), "question"),
         (dict(data_dir="/no/such/dir"), "/no/such/dir"),

@@ -68,6 +68,10 @@ class EvalConfig:
             self.top_p = 1.0
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.batch_size < 1 or self.max_new_tokens < 1:
+            raise ValueError(
+                f"batch_size and max_new_tokens must be >= 1, got {self.batch_size} and {self.max_new_tokens}"
+            )
         if self.backend not in ("auto", "transformers", "vllm"):
             raise ValueError(f"backend must be auto, transformers or vllm, got {self.backend!r}")
         if self.data_dir is not None:
