@@ -62,8 +62,9 @@ class OARConfig(GRPOConfig):
     oar_batch_size: int = field(
         default=8, metadata={"help": "Completions per importance-scorer call, >= 1."}
     )
-    oar_chunk_size: int = field(
-        default=64, metadata={"help": "OAR-P: perturbed positions per forward pass, >= 1."}
+    oar_chunk_size: int | None = field(
+        default=None,
+        metadata={"help": "OAR-P: perturbed positions per forward pass, >= 1; None = the scorer's default."},
     )
     oar_max_probe_length: int | None = field(
         default=None, metadata={"help": "Truncate probes longer than this (tokens); None = no limit."}
@@ -97,8 +98,9 @@ class OARConfig(GRPOConfig):
             raise ValueError("noise_std must be > 0 for credit='oar-g' unless probe_mode='answer_joint' "
                              "(the KL outcome has zero gradient without noise)")
         for name in ("oar_batch_size", "oar_chunk_size", "oar_dump_count"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
         if self.oar_dump_every < 0:
             raise ValueError(f"oar_dump_every must be >= 0 (0 = off), got {self.oar_dump_every!r}")
         if self.oar_max_probe_length is not None and self.oar_max_probe_length < 2:
@@ -174,7 +176,7 @@ class OARGRPOTrainer(GRPOTrainer):
             kw["noise_std"] = a.noise_std
         if a.credit in ("oar-g", "random"):
             kw["generator"] = self._oar_generator
-        if a.credit == "oar-p":
+        if a.credit == "oar-p" and a.oar_chunk_size is not None:
             kw["chunk_size"] = a.oar_chunk_size
         return kw
 
