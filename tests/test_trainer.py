@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -233,3 +234,46 @@ def test_lora_with_kl_scores_through_the_adapter(tmp_path, char_tokenizer):
     assert all("kl" in h and h["kl"] is not None for h in logs)
     after = _params(trainer.model)
     assert any(not torch.equal(v, after[k]) for k, v in lora_before.items()), "the adapter did not train"
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------
+
+
+def test_checkpoints_appear_only_when_complete(tmp_path, char_tokenizer, monkeypatch):
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from oar.training import last_checkpoint
+
+    def trainer(max_steps):
+        kw = grpo_kwargs(str(tmp_path), max_steps=max_steps, save_strategy="steps", save_steps=1, save_total_limit=2)
+        return OARGRPOTrainer(model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+                              args=OARConfig(**kw, credit="grpo"), train_dataset=_dataset(),
+                              processing_class=char_tokenizer)
+
+    def entries():
+        return sorted(p.name for p in tmp_path.iterdir() if "checkpoint" in p.name)
+
+    trainer(3).train()
+    assert entries() == ["checkpoint-2", "checkpoint-3"], "rotation keeps 2; nothing left in staging"
+    inode = (tmp_path / "checkpoint-3").stat().st_ino
+
+    # resumed from step 2: checkpoint-3 is written again (replacing the old one), then saving step 4 crashes
+    crashing = trainer(4)
+    save_rng_state = crashing._save_rng_state
+
+    def crash(output_dir):
+        if crashing.state.global_step == 4:
+            raise RuntimeError("disk full")
+        save_rng_state(output_dir)
+
+    monkeypatch.setattr(crashing, "_save_rng_state", crash)
+    with pytest.raises(RuntimeError, match="disk full"):
+        crashing.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert entries() == [".checkpoint-staging", "checkpoint-2", "checkpoint-3"]
+    assert (tmp_path / ".checkpoint-staging" / "checkpoint-4" / "model.safetensors").is_file()
+    assert (tmp_path / "checkpoint-3").stat().st_ino != inode
+    assert last_checkpoint(tmp_path) == get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-3")
+
+    trainer(4).train(resume_from_checkpoint=last_checkpoint(tmp_path))
+    assert entries() == ["checkpoint-3", "checkpoint-4"]
+    assert json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4

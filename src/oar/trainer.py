@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from oar.reshape import bilevel_weights, weight_stats
@@ -26,6 +29,9 @@ ANSWER_SOURCES = ("completion", "reference")
 # metric keys of weight_stats, logged as "oar/weight_<key>" (ess_ratio and gini keep their own name)
 _STAT_KEYS = ("mean", "std", "max", "min", "frac_suppressed", "frac_floor", "ess_ratio", "gini")
 _COUNT_KEYS = ("total", "scored", "uniform", "no_answer", "too_short", "nonfinite", "tokens")
+# checkpoints are written here and renamed into OUTPUT_DIR/checkpoint-N when complete (no "checkpoint-" prefix:
+# transformers' rotation and resume never see it)
+STAGING_DIR = ".checkpoint-staging"
 
 
 @dataclass
@@ -118,7 +124,12 @@ class OARGRPOTrainer(GRPOTrainer):
     ``oar/frac_too_short``, ``oar/frac_nonfinite``, ``oar/importance_time`` (seconds per rollout batch),
     ``oar/importance_share`` (of the summed ``step_time``) and ``oar/grad_clipped`` (1 when the logged step's
     ``grad_norm`` exceeded ``max_grad_norm``, i.e. clipping scaled the update down).
+
+    Checkpoints are atomic: ``checkpoint-N`` is written into ``OUTPUT_DIR/.checkpoint-staging/`` and renamed into
+    place once complete, so a ``checkpoint-N`` directory is never half-written.
     """
+
+    _oar_staging = False  # True while a checkpoint is being written: ``_get_output_dir`` points into the staging dir
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -285,6 +296,51 @@ class OARGRPOTrainer(GRPOTrainer):
             ))
         os.makedirs(self.args.output_dir, exist_ok=True)
         append_records(os.path.join(self.args.output_dir, "attributions.jsonl"), records)
+
+    # --- atomic checkpoints --------------------------------------------------------------------------------
+    def _get_output_dir(self, trial: Any) -> str:
+        run_dir = super()._get_output_dir(trial)
+        return os.path.join(run_dir, STAGING_DIR) if self._oar_staging else run_dir
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """TRL's checkpoint, written into the staging dir, then renamed to ``checkpoint-N`` and rotated."""
+        run_dir = self._get_output_dir(trial)
+        staging = os.path.join(run_dir, STAGING_DIR)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
+        self.accelerator.wait_for_everyone()
+        self._oar_staging = True
+        try:
+            super()._save_checkpoint(model, trial)  # rotates inside the staging dir: a no-op
+        finally:
+            self._oar_staging = False
+        self.accelerator.wait_for_everyone()  # every rank has written its files (e.g. its RNG state)
+        target = os.path.join(run_dir, name)
+        staged_best = self.state.best_model_checkpoint == os.path.join(staging, name)
+        if staged_best:
+            self.state.best_model_checkpoint = target
+        if not self.args.should_save:
+            return
+        if staged_best:
+            self.state.save_to_json(os.path.join(staging, name, TRAINER_STATE_NAME))
+        if os.path.exists(target):  # written by an earlier, interrupted run: moved aside in one step, then deleted
+            os.replace(target, os.path.join(staging, "replaced"))
+        os.replace(os.path.join(staging, name), target)
+        shutil.rmtree(staging)
+        self._rotate(run_dir)
+
+    def _rotate(self, run_dir: str) -> None:
+        """transformers' ``save_total_limit`` rotation of ``run_dir``."""
+        from transformers import trainer_utils
+
+        if not hasattr(trainer_utils, "rotate_checkpoints"):  # older transformers (5.0): a Trainer method
+            self._rotate_checkpoints(use_mtime=True, output_dir=run_dir)
+            return
+        trainer_utils.rotate_checkpoints(
+            output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+            best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True,
+        )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         m = self._metrics["train"]

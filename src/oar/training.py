@@ -6,7 +6,7 @@ Run directory (read by ``oar compare`` and ``oar report``)::
     RUN_DIR/metrics.jsonl      one JSON object per logging step: "step", "wall_time" (s since training start,
                                continued across resumes) and every logged key (TRL's and "oar/...")
     RUN_DIR/attributions.jsonl token-credit dumps (``oar_dump_every > 0``)
-    RUN_DIR/checkpoint-N/      TRL checkpoints; ``--resume`` continues from the last complete one
+    RUN_DIR/checkpoint-N/      TRL checkpoints, renamed into place when complete; ``--resume`` continues from the last
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ class RunDirCallback(TrainerCallback):
 def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
     """The highest ``checkpoint-N`` in ``output_dir`` whose ``trainer_state.json`` is complete, else None.
 
-    Trainer writes ``trainer_state.json`` last, so a checkpoint interrupted mid-save is skipped.
+    ``OARGRPOTrainer`` renames a checkpoint into place only once complete; for one written in place by another
+    Trainer, which writes ``trainer_state.json`` last, a checkpoint interrupted mid-save is skipped too.
     """
     out = Path(output_dir)
     if not out.is_dir():
