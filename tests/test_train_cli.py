@@ -55,6 +55,7 @@ def test_train_writes_the_run_dir_and_resumes(workspace, capsys):
     assert last_checkpoint(out).endswith("checkpoint-2")
     dumps = read_records(out / "attributions.jsonl")
     assert dumps and all(d.credit == "oar-g" and len(d.tokens) == len(d.weights) for d in dumps)
+    assert all(d.reward in (0.0, 1.0) for d in dumps), "TRL's reward of the completion"
     assert (out / "model.safetensors").is_file()
 
     # a half-written newest checkpoint is ignored; --resume continues from checkpoint-2 to step 3

@@ -13,6 +13,7 @@ from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm
 datasets = pytest.importorskip("datasets")
 trl = pytest.importorskip("trl")
 
+from oar.attribution import read_records  # noqa: E402
 from oar.probe import OutcomeProbe  # noqa: E402
 from oar.trainer import OARConfig, OARGRPOTrainer  # noqa: E402
 
@@ -135,7 +136,7 @@ def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_sourc
     trainer = RecordingTrainer(
         model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
         args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, answer_source=answer_source,
-                       oar_batch_size=3),
+                       oar_batch_size=3, oar_dump_every=1),
         train_dataset=_dataset(), processing_class=char_tokenizer,
     )
     trainer.train()
@@ -170,6 +171,19 @@ def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_sourc
     assert 0 < logs[0]["oar/ess_ratio"] < 1 and logs[0]["oar/weight_std"] > 0
     assert 0 < logs[0]["oar/importance_share"] < 1
     assert logs[0]["oar/frac_scored"] == pytest.approx(float(active.float().mean()))
+
+    # the attribution dump: the first scored completions, their tokens joining to the decoded completion and
+    # TRL's reward for it
+    records = read_records(tmp_path / "attributions.jsonl")
+    scored = active.nonzero().squeeze(1).tolist()[:4]
+    assert len(records) == len(scored)
+    for rec, i in zip(records, scored, strict=True):
+        ids = batch["completion_ids"][i][mask[i]].tolist()
+        assert rec.prompt == char_tokenizer.decode(batch["prompt_ids"][i][batch["prompt_mask"][i].bool()])
+        assert "".join(rec.tokens) == char_tokenizer.decode(ids, skip_special_tokens=False)
+        gold = str(sum(int(x) for x in rec.prompt[:-1].split("+")))
+        assert rec.reward == exact_reward([], [char_tokenizer.decode(ids, skip_special_tokens=True)], [gold])[0]
+        assert rec.advantage == pytest.approx(float(adv[i][mask[i] & ~reasoning[i]][0]))
 
 
 def test_weights_reused_across_iterations_and_accumulation(tmp_path, char_tokenizer):

@@ -274,28 +274,39 @@ class OARGRPOTrainer(GRPOTrainer):
     ) -> None:
         """Append ``oar_dump_count`` scored completions to ``OUTPUT_DIR/attributions.jsonl`` (``[b, T]`` tensors
         aligned with ``rows``, the completions' indices in ``output``)."""
-        from oar.attribution import AttributionRecord, append_records
+        from oar.attribution import AttributionRecord, append_records, decode_tokens
 
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
+        rewards = self._completion_rewards(output["completion_ids"].shape[0])
         records = []
         for j, i in enumerate(rows[: self.args.oar_dump_count]):
             n = int(output["completion_mask"][i].sum())
-            ids = output["completion_ids"][i, :n].tolist()
-            reasoning = mask[j, :n].tolist()
             prompt = inputs[i]["prompt"]
             records.append(AttributionRecord(
-                tokens=[tok.decode([t]) for t in ids],
+                tokens=decode_tokens(tok, output["completion_ids"][i, :n].tolist()),
                 scores=scores[j, :n].tolist(),
                 weights=weights[j, :n].tolist(),
-                reasoning=reasoning,
+                reasoning=mask[j, :n].tolist(),
                 answer=answer[j, :n].tolist(),
                 credit=self.args.credit,
                 prompt=prompt if isinstance(prompt, str) else str(prompt[-1].get("content", "")),
                 advantage=float(output["advantages"][i]),
+                reward=rewards[i],
                 step=self.state.global_step,
             ))
         os.makedirs(self.args.output_dir, exist_ok=True)
         append_records(os.path.join(self.args.output_dir, "attributions.jsonl"), records)
+
+    def _completion_rewards(self, n: int) -> list[float | None]:
+        """TRL's total reward (``reward_weights``-weighted sum) of this process's ``n`` completions of the latest
+        rollout batch; None where no reward function scored one. TRL keeps only the per-function rewards, for
+        all processes in rank order, in ``_logs["rewards"]`` (not in the batch it hands to the loss)."""
+        p = self.accelerator.num_processes
+        per_func = torch.tensor([list(self._logs["rewards"][name])[-n * p :] for name in self.reward_func_names])
+        start = self.accelerator.process_index * n
+        per_func = per_func[:, start : start + n]  # [F, n]
+        total = (per_func * self.reward_weights.cpu()[:, None]).nansum(0)
+        return [None if unscored else float(r) for r, unscored in zip(total, per_func.isnan().all(0), strict=True)]
 
     # --- atomic checkpoints --------------------------------------------------------------------------------
     def _get_output_dir(self, trial: Any) -> str:
