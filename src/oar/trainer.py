@@ -66,7 +66,7 @@ class OARConfig(GRPOConfig):
         default=1e-3, metadata={"help": "OAR-G: std of the Gaussian noise on the reasoning embeddings, >= 0."}
     )
     oar_batch_size: int = field(
-        default=8, metadata={"help": "Completions per importance-scorer call, >= 1."}
+        default=16, metadata={"help": "Completions per importance-scorer call, >= 1 (bounds the probes' memory)."}
     )
     oar_chunk_size: int | None = field(
         default=None,
