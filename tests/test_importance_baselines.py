@@ -58,3 +58,16 @@ def test_registry(setup):
         assert (s[~pb.reasoning_mask] == 0).all() and (s[pb.reasoning_mask] > 0).any()
     with pytest.raises(ValueError, match="oar-p, oar-g, uniform, random, entropy"):
         get_scorer("attention")
+
+
+def test_every_scorer_handles_a_batch_without_answers(char_tokenizer):
+    # a probe of rows with no answer is one pad token each: every scorer must return zeros, not crash
+    model = make_tiny_lm(len(char_tokenizer), "qwen2", seed=5)
+    prompt = char_tokenizer(["1+1?", "2+2?"], return_tensors="pt", padding=True)
+    completion = char_tokenizer(["no answer here", "none"], return_tensors="pt", padding=True, padding_side="right")
+    pb = oar.OutcomeProbe(char_tokenizer)(prompt.input_ids, prompt.attention_mask,
+                                          completion.input_ids, completion.attention_mask)
+    assert not pb.valid.any()
+    for name in oar.SCORERS:
+        s = get_scorer(name)(model, *inputs(pb))
+        assert s.shape == pb.input_ids.shape and (s == 0).all(), name

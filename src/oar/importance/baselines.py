@@ -60,6 +60,8 @@ def entropy_scores(
     with torch.no_grad(), scoring_mode(model):
         for i in range(0, B, step):
             sl = slice(i, i + step)
+            if not reasoning_mask[sl].any():  # nothing to score (e.g. rows without an answer)
+                continue
             am = attention_mask[sl]
             position_ids = (am.long().cumsum(dim=1) - 1).clamp_min(0)
             logits = model(input_ids[sl][:, :-1], attention_mask=am[:, :-1],
