@@ -17,6 +17,7 @@ from oar.lab.task import (
     lab_reward,
     make_problem,
     make_split,
+    max_completion_chars,
 )
 
 
@@ -46,6 +47,7 @@ def test_solutions_are_correct_and_labels_exact(verbosity):
         for a, op, b, c in steps:
             assert int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b))
         assert STRUCTURE in p.labels
+        assert len(p.completion) <= max_completion_chars(cfg)
 
 
 def test_verbosity_lengthens_and_dilutes_pivotal_tokens():

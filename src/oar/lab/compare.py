@@ -35,11 +35,12 @@ class ComparePreset:
     eval_problems: int
     eval_k: int
     run: dict = field(default_factory=dict)  # extra RunConfig fields
+    warm_steps: int | None = None  # SFT steps of the warm start (None: WarmStartConfig's default)
 
 
 PRESETS: dict[str, ComparePreset] = {
-    "quick": ComparePreset(("grpo", "oar-g"), 1, 40.0, 10, 128, 2),
-    "default": ComparePreset(("grpo", "oar-g"), 2, 150.0, 15, 256, 4),
+    "quick": ComparePreset(("grpo", "oar-g"), 1, 30.0, 10, 64, 2, warm_steps=250),
+    "default": ComparePreset(("grpo", "oar-g"), 2, 240.0, 20, 256, 4),
     "study": ComparePreset(("grpo", "oar-g", "oar-p"), 5, 360.0, 20, 512, 4),
 }
 
@@ -176,7 +177,7 @@ def compare(
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    warm = warm or WarmStartConfig()
+    warm = warm or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
     if verbosity is not None:
         warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
     out = Path(out_dir)

@@ -12,7 +12,8 @@ from oar.lab.tokenizer import build_char_tokenizer
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of the lab model: a Qwen2 decoder with tied embeddings (about 0.2M params by default)."""
+    """Shape of the lab model: a Qwen2 decoder (about 0.25M params by default); ``tie_embeddings`` shares the
+    input embeddings with the output head."""
 
     hidden: int = 96
     layers: int = 2
@@ -20,6 +21,7 @@ class ModelConfig:
     kv_heads: int = 2
     mlp: int = 384
     max_len: int = 256
+    tie_embeddings: bool = False
 
 
 def lab_tokenizer():
@@ -35,7 +37,7 @@ def build_model(cfg: ModelConfig, vocab_size: int, seed: int = 0):
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=cfg.hidden, intermediate_size=cfg.mlp, num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_len,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=cfg.tie_embeddings,
     )
     return Qwen2ForCausalLM(config).float()
 

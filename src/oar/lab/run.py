@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from oar.lab.model import accuracy
-from oar.lab.task import lab_reward, make_split
+from oar.lab.task import lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
 
 
@@ -23,6 +23,8 @@ class RunConfig:
 
     ``budget_s``: training seconds (evaluation excluded) after which the run stops; ``max_steps`` caps it too.
     ``eval_problems`` held-out problems × ``eval_k`` samples at ``temperature`` give ``eval/accuracy``.
+    ``max_completion_length`` (tokens) defaults to room for the task's longest worked solution.
+    ``freeze_embeddings``: keep the input embeddings fixed during RL (with a tied head this freezes it too).
     """
 
     credit: str = "grpo"
@@ -31,12 +33,13 @@ class RunConfig:
     prompts_per_step: int = 16
     group_size: int = 8
     temperature: float = 1.0
-    lr: float = 1e-3
-    warmup_steps: int = 5
+    lr: float = 1e-4
+    warmup_steps: int = 0
     max_grad_norm: float = 1.0
     adam_beta2: float = 0.99
     loss_type: str = "dr_grpo"
-    max_completion_length: int = 128
+    freeze_embeddings: bool = True
+    max_completion_length: int | None = None  # None: the task's longest solution + 8 tokens
     budget_s: float = 120.0
     max_steps: int = 10_000
     eval_every: int = 20
@@ -124,7 +127,10 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     model, tok, warm_path = warm_start(cfg.warm, cache_dir, progress=False)
+    if cfg.freeze_embeddings:  # RL moves the blocks and the head; input embeddings stay as SFT left them
+        model.get_input_embeddings().weight.requires_grad_(False)
     task = replace(cfg.warm.task, slip_rate=0.0)
+    max_len = cfg.max_completion_length or max_completion_chars(task) + 8
     train = make_split(task, "train", cfg.train_pool, seed=cfg.seed)
     test = make_split(task, "test", cfg.eval_problems, seed=0)
     meta = {"credit": cfg.credit, "seed": cfg.seed, "model": f"lab:{warm_path.name}", "config": asdict(cfg)}
@@ -133,13 +139,13 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     args = OARConfig(
         output_dir=str(run_dir), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=False,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size, num_generations=cfg.group_size,
-        max_completion_length=cfg.max_completion_length, temperature=cfg.temperature, top_k=0, top_p=1.0,
+        max_completion_length=max_len, temperature=cfg.temperature, top_k=0, top_p=1.0,
         learning_rate=cfg.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, adam_beta2=cfg.adam_beta2, beta=0.0, loss_type=cfg.loss_type,
         max_steps=cfg.max_steps, logging_steps=1, save_strategy="no", report_to="none",
         disable_tqdm=True, dataloader_num_workers=0, conclude_text="\\boxed{", **cfg.oar,
     )
-    cb = _callback(cfg, run_dir, model, tok, test, cfg.max_completion_length)
+    cb = _callback(cfg, run_dir, model, tok, test, max_len)
     trainer = OARGRPOTrainer(model=model, args=args, processing_class=tok, reward_funcs=lab_reward,
                              train_dataset=ds, callbacks=[cb])
     trainer.remove_callback(PrinterCallback)

@@ -42,10 +42,10 @@ class TaskConfig:
     min_steps: int = 2
     max_steps: int = 3
     max_operand: int = 9
-    start_lo: int = 10
-    start_hi: int = 60
-    max_value: int = 99
-    verbosity: int = 2
+    start_lo: int = 5
+    start_hi: int = 25
+    max_value: int = 30
+    verbosity: int = 1
     slip_rate: float = 0.0
 
     def __post_init__(self) -> None:
@@ -125,6 +125,14 @@ def make_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
     prompt = str(start) + "".join(f"{op}{b}" for op, b in ops) + "="
     completion, labels = _solve(rng, cfg, start, ops)
     return Problem(prompt, completion, answer, tuple(labels))
+
+
+def max_completion_chars(cfg: TaskConfig) -> int:
+    """An upper bound on the length of any worked solution of ``cfg`` (characters = lab tokens)."""
+    digits = len(str(cfg.max_value))
+    step = 2 * digits + len(str(cfg.max_operand)) + 2 + len(STEP_SEP)
+    step += cfg.verbosity * (max(map(len, FILLERS)) + len(STEP_SEP))
+    return cfg.max_steps * step + len(BOXED) + digits + 1
 
 
 def make_split(cfg: TaskConfig, split: str, n: int, seed: int = 0) -> list[Problem]:

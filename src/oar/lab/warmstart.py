@@ -26,9 +26,9 @@ class WarmStartConfig:
     """SFT recipe: ``steps`` AdamW steps of ``batch_size`` fresh train problems (test prompts excluded),
     linear warm-up then cosine decay to ``min_lr_ratio * lr``; loss on completion tokens only."""
 
-    task: TaskConfig = field(default_factory=lambda: TaskConfig(slip_rate=0.15))
+    task: TaskConfig = field(default_factory=lambda: TaskConfig(slip_rate=0.2))
     model: ModelConfig = field(default_factory=ModelConfig)
-    steps: int = 600
+    steps: int = 800
     batch_size: int = 64
     lr: float = 3e-3
     warmup: int = 30
