@@ -41,7 +41,7 @@ class ComparePreset:
 PRESETS: dict[str, ComparePreset] = {
     "quick": ComparePreset(("grpo", "oar-g"), 1, 30.0, 10, 64, 2, warm_steps=250),
     "default": ComparePreset(("grpo", "oar-g"), 2, 240.0, 20, 256, 4),
-    "study": ComparePreset(("grpo", "oar-g", "oar-p"), 5, 360.0, 20, 512, 4),
+    "study": ComparePreset(("grpo", "oar-g", "oar-p"), 6, 360.0, 30, 512, 4),
 }
 
 
@@ -75,8 +75,9 @@ def summarize(run_dirs: dict[tuple[str, int], Path], reference: str = "grpo") ->
 
     Per run: start/final held-out ``eval/accuracy`` (sampled avg@k; final = mean of the last two evaluations),
     greedy accuracy, steps, training seconds, mean ``step_time``, importance share, mean grad norm, clipped
-    fraction, weight ESS ratio and the final entropy; ``steps_to_ref``/``seconds_to_ref``: first evaluation
-    reaching the ``reference`` credit's mean final accuracy (None if never).
+    fraction, weight ESS ratio and the final entropy; ``steps_to_ref``/``seconds_to_ref``: first evaluation after
+    step 0 reaching the ``reference`` credit's mean final accuracy (None if never); ``matched_accuracy``: accuracy at
+    ``matched_step``, the last evaluation step every run reached (same number of updates for every credit).
     """
     runs = {k: _read(d) for k, d in run_dirs.items()}
     per_run = {}
@@ -100,26 +101,31 @@ def summarize(run_dirs: dict[tuple[str, int], Path], reference: str = "grpo") ->
     ref_runs = [r for (c, _), r in per_run.items() if c == reference]
     target = sum(r["final_accuracy"] for r in ref_runs) / len(ref_runs) if ref_runs else None
     for r in per_run.values():
-        hit = next(((s, t) for s, t, a in r["curve"] if target is not None and a >= target), None)
+        hit = next(((s, t) for s, t, a in r["curve"][1:] if target is not None and a >= target), None)
         r["steps_to_ref"], r["seconds_to_ref"] = hit if hit else (None, None)
+    common = set.intersection(*({s for s, _, _ in r["curve"]} for r in per_run.values()))
+    matched = max(common)  # the last evaluation step every run reached: same number of updates
+    for r in per_run.values():
+        r["matched_accuracy"] = next(a for s, _, a in r["curve"] if s == matched)
     by_credit = {}
     for c in credits:
         rs = [r for (cc, _), r in sorted(per_run.items()) if cc == c]
         agg = {k: mean_ci([r[k] for r in rs]) for k in (
             "start_accuracy", "final_accuracy", "final_greedy", "final_pass_at_k", "steps", "train_seconds",
-            "step_time", "importance_share", "grad_norm", "grad_clipped", "ess_ratio", "final_entropy")}
+            "step_time", "importance_share", "grad_norm", "grad_clipped", "ess_ratio", "final_entropy",
+            "matched_accuracy")}
         agg["gain"] = mean_ci([r["final_accuracy"] - r["start_accuracy"] for r in rs])
         reached = [r for r in rs if r["steps_to_ref"] is not None]
         agg["reached_ref"] = f"{len(reached)}/{len(rs)}"
         agg["steps_to_ref"] = mean_ci([r["steps_to_ref"] for r in reached]) if reached else None
         agg["seconds_to_ref"] = mean_ci([r["seconds_to_ref"] for r in reached]) if reached else None
         by_credit[c] = agg
-    return {"reference": reference, "reference_final_accuracy": target, "credits": by_credit,
+    return {"reference": reference, "reference_final_accuracy": target, "matched_step": matched, "credits": by_credit,
             "runs": list(per_run.values())}
 
 
 def _fmt(s: dict | None, scale: float = 1.0, digits: int = 1) -> str:
-    if not s or s["mean"] != s["mean"]:
+    if not s or s["mean"] is None or s["mean"] != s["mean"]:
         return "–"
     txt = f"{s['mean'] * scale:.{digits}f}"
     if s["n"] > 1:
@@ -129,20 +135,34 @@ def _fmt(s: dict | None, scale: float = 1.0, digits: int = 1) -> str:
 
 def markdown_table(results: dict) -> str:
     """The results as a Markdown table (accuracies in points: mean ± std [95% CI half-width])."""
-    head = ("| credit | held-out acc start → final | gain | greedy final | steps | s/step | importance share "
+    head = ("| credit | held-out acc start → final | gain | acc @ matched step | greedy final | steps | s/step "
+            "| importance share "
             "| steps to ref | s to ref | grad norm | clipped | ESS | final entropy |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c, a in results["credits"].items():
         lines.append(
             f"| {c} | {_fmt(a['start_accuracy'], 100)} → {_fmt(a['final_accuracy'], 100)} | {_fmt(a['gain'], 100)} "
-            f"| {_fmt(a['final_greedy'], 100)} | {_fmt(a['steps'], 1, 0)} | {_fmt(a['step_time'], 1, 2)} "
+            f"| {_fmt(a['matched_accuracy'], 100)} | {_fmt(a['final_greedy'], 100)} | {_fmt(a['steps'], 1, 0)} "
+            f"| {_fmt(a['step_time'], 1, 2)} "
             f"| {_fmt(a['importance_share'], 100)}% | {_fmt(a['steps_to_ref'], 1, 0)} ({a['reached_ref']}) "
             f"| {_fmt(a['seconds_to_ref'], 1, 0)} | {_fmt(a['grad_norm'], 1, 2)} | {_fmt(a['grad_clipped'], 100, 0)}% "
             f"| {_fmt(a['ess_ratio'], 1, 2)} | {_fmt(a['final_entropy'], 1, 3)} |")
     ref = results["reference_final_accuracy"]
     notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, mean ± std over seeds [95% CI]; "
-             f"ref = {results['reference']} final mean ({ref * 100:.1f})." if ref is not None else ""]
+             f"ref = {results['reference']} final mean ({ref * 100:.1f}); matched step = {results['matched_step']}."
+             if ref is not None else ""]
     return "\n".join(lines + [""] + notes) + "\n"
+
+
+def _finite(obj):
+    """NaN/inf → None, recursively, so results.json is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _job(args: tuple[RunConfig, str, str | None]) -> dict:
@@ -199,7 +219,7 @@ def compare(
     results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers})
-    _atomic_write(out / "results.json", json.dumps(results, indent=1))
+    _atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
     _atomic_write(out / "results.md", markdown_table(results))
     if report:
         try:
