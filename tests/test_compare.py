@@ -46,7 +46,8 @@ def test_summarize_aggregates_over_seeds_and_times_to_reference(tmp_path):
     assert g["step_time"]["mean"] == 1.0 and o["step_time"]["mean"] == 1.5 and o["final_entropy"]["mean"] == 0.6
     assert res["matched_step"] == 30 and o["matched_accuracy"]["mean"] == pytest.approx(0.4)
     table = markdown_table(res)
-    assert "| grpo | 20.0 ± 0.0 [±0.0] → 40.0 ± 0.0 [±0.0] | 20.0 ± 0.0 [±0.0] | 45.0 ± 7.1" in table and "| oar-g |" in table
+    assert "| grpo | 20.0 ± 0.0 [±0.0] → 40.0 ± 0.0 [±0.0] | 20.0 ± 0.0 [±0.0] | 45.0 ± 7.1" in table
+    assert "| oar-g |" in table
 
 
 def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
