@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 compare: $(STAMP)
-	$(VENV)/bin/oar doctor
+	$(VENV)/bin/oar compare --out runs/compare
 
 test: $(STAMP)
 	$(PY) -m pytest -q
