@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--credits", help="comma-separated credits, e.g. grpo,oar-g,oar-p (default: the preset's)")
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
     p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
-    p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 2)")
+    p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 1)")
     p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
 
