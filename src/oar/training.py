@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from oar.files import atomic_write
 from oar.trainer import OARConfig
 
 DEFAULT_PROMPT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -142,19 +142,8 @@ def load_train_dataset(
 
 
 def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and ``os.replace`` (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Write ``data`` as indented JSON to ``path``, atomically."""
+    atomic_write(path, json.dumps(data, indent=2, default=str))
 
 
 def _clean(value: Any) -> Any:
@@ -199,10 +188,7 @@ class RunDirCallback(TrainerCallback):
         if metrics.is_file():  # resumed (or restarted) run: keep what the checkpoint covers
             kept = [r for r in read_metrics(metrics) if r.get("step", 0) <= state.global_step]
             offset = max((r.get("wall_time", 0.0) for r in kept), default=0.0)
-            fd, tmp = tempfile.mkstemp(prefix=".metrics.", dir=metrics.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in kept))
-            os.replace(tmp, metrics)
+            atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
         self._t0 = time.time() - offset
         info = {"credit": getattr(args, "credit", "grpo"), "seed": args.seed, **self.run_info}
         info["config"] = args.to_dict()

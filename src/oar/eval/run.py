@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 from oar.eval.benchmarks import Problem, load_benchmark, parse_benchmarks
 from oar.eval.generation import DEFAULT_PROMPT, HFGenerator, VLLMGenerator, build_prompt, check_template
 from oar.eval.metrics import summarize
+from oar.files import atomic_write
 from oar.grading import extract_answer, grade_answers
 
 # settings that change what a sample is: a resumed run must agree on all of them
@@ -83,18 +82,6 @@ class EvalConfig:
             self.output_dir = str(Path("runs") / "eval" / slug)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never a half-written file)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def read_samples(path: Path, samples: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """Finished problems of a (possibly interrupted) JSONL: ``(benchmark, index) -> records by sample``.
 
@@ -121,7 +108,7 @@ def _check_resume(out: Path, config: EvalConfig) -> None:
             raise ValueError(
                 f"{out} holds samples of other settings {diff} (stored, requested); pass another --output-dir"
             )
-    write_atomic(path, json.dumps(wanted, indent=2) + "\n")
+    atomic_write(path, json.dumps(wanted, indent=2) + "\n")
 
 
 def _make_generator(config: EvalConfig) -> tuple[Any, Any]:
@@ -253,6 +240,6 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
         }
     summary["wall_s"] = time.perf_counter() - t0
     summary["generated_problems"] = len(pending)
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    write_atomic(out / "eval.md", format_table(summary))
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write(out / "eval.md", format_table(summary))
     return summary

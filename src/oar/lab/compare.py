@@ -15,7 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from oar.lab.run import RunConfig, _atomic_write, train_lab
+from oar.files import atomic_write
+from oar.lab.run import RunConfig, train_lab
 from oar.lab.warmstart import WarmStartConfig, warm_start
 
 COMPARE_CREDITS = ("grpo", "oar-g", "oar-p", "entropy", "random")
@@ -219,8 +220,8 @@ def compare(
     results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers})
-    _atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
-    _atomic_write(out / "results.md", markdown_table(results))
+    atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
+    atomic_write(out / "results.md", markdown_table(results))
     if report:
         try:
             from oar.viz.report import write_report

@@ -4,14 +4,13 @@ with held-out sampled accuracy evaluated along the way; writes the shared run-di
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from oar.files import atomic_write
 from oar.lab.model import accuracy
 from oar.lab.task import lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
@@ -53,13 +52,6 @@ class RunConfig:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
         if self.eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _callback(cfg: RunConfig, run_dir: Path, model, tokenizer, test, clean_len: int):
@@ -134,7 +126,7 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     train = make_split(task, "train", cfg.train_pool, seed=cfg.seed)
     test = make_split(task, "test", cfg.eval_problems, seed=0)
     meta = {"credit": cfg.credit, "seed": cfg.seed, "model": f"lab:{warm_path.name}", "config": asdict(cfg)}
-    _atomic_write(run_dir / "run.json", json.dumps(meta, indent=1))
+    atomic_write(run_dir / "run.json", json.dumps(meta, indent=1))
     ds = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
     args = OARConfig(
         output_dir=str(run_dir), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=False,
@@ -158,5 +150,5 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         "train_seconds": cb.train_s, "eval_seconds": cb.eval_s, "wall_seconds": time.perf_counter() - t0,
         "start": evals[0], "final": evals[-1],
     }
-    _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=1))
+    atomic_write(run_dir / "summary.json", json.dumps(summary, indent=1))
     return summary

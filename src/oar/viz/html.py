@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 
 from oar.attribution import AttributionRecord
-from oar.viz.files import atomic_write
+from oar.files import atomic_write
 from oar.viz.style import (
     ANSWER,
     COOL,

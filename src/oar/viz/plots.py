@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oar.viz.files import atomic_write
+from oar.files import atomic_write
 
 # plotted first, in this order, when present; every other numeric metric with >= 2 points follows
 PREFERRED = ("eval/accuracy", "reward", "entropy", "oar/ess_ratio", "step_time", "oar/weight_std",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oar.viz.files import atomic_write
+from oar.files import atomic_write
 from oar.viz.plots import Run, expand_run_dirs, group_runs, load_run, metric_keys, plot_metric, slug
 
 # columns of the summary table, when present: the final logged value (step_time: the mean over the run)

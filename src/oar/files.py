@@ -1,4 +1,5 @@
-"""Atomic file writes (temporary file in the same directory, then ``os.replace``)."""
+"""Atomic file writes (temporary file in the same directory, then ``os.replace``): the one writer of every
+result file, so a crash never leaves a half-written one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
