@@ -12,7 +12,8 @@ pytest.importorskip("trl")
 
 from oar.attribution import read_records  # noqa: E402
 from oar.cli import main  # noqa: E402
-from oar.training import last_checkpoint, load_train_dataset, read_metrics  # noqa: E402
+from oar.files import read_jsonl  # noqa: E402
+from oar.training import last_checkpoint, load_train_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def test_train_writes_the_run_dir_and_resumes(workspace, capsys):
     run = json.loads((out / "run.json").read_text())
     assert run["credit"] == "oar-g" and run["seed"] == 0 and run["model"].endswith("tiny")
     assert run["config"]["max_completion_length"] == 24 and "train_runtime" in run["summary"]
-    records = read_metrics(out / "metrics.jsonl")
+    records = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     for key in ("wall_time", "reward", "loss", "grad_norm", "entropy", "step_time", "oar/ess_ratio",
                 "oar/weight_std", "oar/frac_uniform", "oar/importance_time", "oar/importance_share"):
@@ -64,7 +65,7 @@ def test_train_writes_the_run_dir_and_resumes(workspace, capsys):
     assert last_checkpoint(out).endswith("checkpoint-2")
     assert main(["train", "--config", str(config), "--output_dir", str(out), "--credit", "oar-g",
                  "--max_steps", "3", "--resume"]) == 0
-    records = read_metrics(out / "metrics.jsonl")
+    records = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[1]["wall_time"] <= records[2]["wall_time"]
     assert json.loads((out / "run.json").read_text())["resumed_from_step"] == 2

@@ -22,7 +22,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from oar.files import atomic_write
+from oar.files import atomic_write, read_jsonl
 from oar.trainer import OARConfig
 
 DEFAULT_PROMPT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -152,18 +152,6 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` (a truncated last line from a crash is skipped)."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
-
-
 class RunDirCallback(TrainerCallback):
     """Writes ``run.json`` and ``metrics.jsonl`` into ``args.output_dir`` (main process only).
 
@@ -186,7 +174,7 @@ class RunDirCallback(TrainerCallback):
         run_json, metrics = self._paths(args)
         offset = 0.0
         if metrics.is_file():  # resumed (or restarted) run: keep what the checkpoint covers
-            kept = [r for r in read_metrics(metrics) if r.get("step", 0) <= state.global_step]
+            kept = [r for r in read_jsonl(metrics) if r.get("step", 0) <= state.global_step]
             offset = max((r.get("wall_time", 0.0) for r in kept), default=0.0)
             atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
         self._t0 = time.time() - offset
@@ -278,7 +266,7 @@ def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=No
     trainer = build_trainer(script_args, config, reward_funcs=reward_funcs)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(config.output_dir)
-    records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
     return summarize(records, result.metrics, config, checkpoint)
 
 

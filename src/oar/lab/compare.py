@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from oar.files import atomic_write
+from oar.files import atomic_write, read_jsonl
 from oar.lab.run import RunConfig, train_lab
 from oar.lab.warmstart import WarmStartConfig, warm_start
 
@@ -62,10 +62,6 @@ def mean_ci(values: list[float]) -> dict[str, float]:
             "n": n}
 
 
-def _read(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-
-
 def _mean_key(rows: list[dict], key: str) -> float:
     vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
     return sum(vals) / len(vals) if vals else float("nan")
@@ -80,7 +76,7 @@ def summarize(run_dirs: dict[tuple[str, int], Path], reference: str = "grpo") ->
     step 0 reaching the ``reference`` credit's mean final accuracy (None if never); ``matched_accuracy``: accuracy at
     ``matched_step``, the last evaluation step every run reached (same number of updates for every credit).
     """
-    runs = {k: _read(d) for k, d in run_dirs.items()}
+    runs = {k: read_jsonl(d / "metrics.jsonl") for k, d in run_dirs.items()}
     per_run = {}
     for (credit, seed), rows in runs.items():
         evals = [r for r in rows if "eval/accuracy" in r]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from oar.files import atomic_write
+from oar.files import atomic_write, read_jsonl
 from oar.lab.model import accuracy
 from oar.lab.task import lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
@@ -143,7 +143,7 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     trainer.remove_callback(PrinterCallback)
     t0 = time.perf_counter()
     trainer.train()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     evals = [r for r in rows if "eval/accuracy" in r]
     summary = {
         "credit": cfg.credit, "seed": cfg.seed, "steps": trainer.state.global_step,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oar.files import atomic_write
+from oar.files import atomic_write, read_jsonl
 
 # plotted first, in this order, when present; every other numeric metric with >= 2 points follows
 PREFERRED = ("eval/accuracy", "reward", "entropy", "oar/ess_ratio", "step_time", "oar/weight_std",
@@ -100,20 +100,7 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
     if not isinstance(meta, dict):
         raise ValueError(f"{meta_path}: expected a JSON object")
-    rows = []
-    lines = metrics_path.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            if i == len(lines):  # the last line of a run still writing
-                break
-            raise ValueError(f"{metrics_path}:{i}: not valid JSON ({err})") from err
-        if isinstance(row, dict):
-            rows.append(row)
-    return Run(run_dir, meta, rows)
+    return Run(run_dir, meta, read_jsonl(metrics_path))
 
 
 def metric_keys(runs: Sequence[Run]) -> list[str]:

@@ -1,0 +1,22 @@
+"""The shared atomic writer and JSONL reader."""
+
+from __future__ import annotations
+
+import pytest
+
+from oar.files import atomic_write, read_jsonl
+
+
+def test_atomic_write_leaves_no_temporary_file(tmp_path):
+    path = atomic_write(tmp_path / "sub" / "a.json", '{"x": 1}')
+    assert path.read_text() == '{"x": 1}'
+    assert sorted(p.name for p in path.parent.iterdir()) == ["a.json"]
+
+
+def test_read_jsonl_skips_a_torn_last_line_and_names_a_bad_one(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 3, "lo')
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
+        read_jsonl(path)
