@@ -11,7 +11,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--quick", action="store_const", dest="preset", const="quick",
                       help="CI smoke comparison (about 3 minutes)")
     mode.add_argument("--study", action="store_const", dest="preset", const="study",
-                      help="6 seeds, 3 credits, 360 s per run (about 80 minutes on 2 cores)")
+                      help="6 seeds, 3 credits, 300 s per run (about 60 minutes on 2 cores)")
     p.set_defaults(preset="default", func=run)
     p.add_argument("--credits", help="comma-separated credits, e.g. grpo,oar-g,oar-p (default: the preset's)")
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")

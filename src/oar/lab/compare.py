@@ -42,7 +42,7 @@ class ComparePreset:
 PRESETS: dict[str, ComparePreset] = {
     "quick": ComparePreset(("grpo", "oar-g"), 1, 30.0, 10, 64, 2, warm_steps=250),
     "default": ComparePreset(("grpo", "oar-g"), 2, 240.0, 20, 256, 4),
-    "study": ComparePreset(("grpo", "oar-g", "oar-p"), 6, 360.0, 30, 512, 4),
+    "study": ComparePreset(("grpo", "oar-g", "oar-p"), 6, 300.0, 30, 512, 4),
 }
 
 
