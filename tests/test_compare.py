@@ -44,10 +44,26 @@ def test_summarize_aggregates_over_seeds_and_times_to_reference(tmp_path):
     assert g["gain"]["mean"] == pytest.approx(0.2)
     assert o["reached_ref"] == "1/2" and o["steps_to_ref"]["mean"] == 10 and o["seconds_to_ref"]["mean"] == 5.0
     assert g["step_time"]["mean"] == 1.0 and o["step_time"]["mean"] == 1.5 and o["final_entropy"]["mean"] == 0.6
-    assert res["matched_step"] == 30 and o["matched_accuracy"]["mean"] == pytest.approx(0.4)
+    assert o["matched_step"] == 30 and o["matched_accuracy"]["mean"] == pytest.approx(0.4)
+    assert o["ref_matched_accuracy"]["mean"] == pytest.approx(0.45)
+    assert o["matched_diff"]["mean"] == pytest.approx(-0.05)
+    # Welch: variances 0.02 (oar-g finals 0.5, 0.3) and 0 (grpo) -> se 0.1, df 1 -> t 12.706
+    assert o["final_diff"]["mean"] == pytest.approx(0.0) and o["final_diff"]["ci95"] == pytest.approx(1.2706)
     table = markdown_table(res)
-    assert "| grpo | 20.0 ± 0.0 [±0.0] → 40.0 ± 0.0 [±0.0] | 20.0 ± 0.0 [±0.0] | 45.0 ± 7.1" in table
-    assert "| oar-g |" in table
+    assert "| grpo | 20.0 ± 0.0 [±0.0] → 40.0 ± 0.0 [±0.0] | 20.0 ± 0.0 [±0.0] | +0.0 [±0.0] | 30 " in table
+    assert "| oar-g |" in table and "40.0 ± 14.1 [±127.1] vs 45.0 ± 7.1 [±63.5]: -5.0" in table
+
+
+def test_matched_step_interpolates_a_shorter_run_against_the_reference(tmp_path):
+    dirs = {("grpo", 0): _fake_run(tmp_path / "g0", [0.2, 0.3, 0.5, 0.6], 1.0, 0.5),  # steps 0..30
+            ("oar-p", 0): _fake_run(tmp_path / "p0", [0.2, 0.4], 3.0, 0.5)}  # steps 0, 10
+    rows = [json.loads(x) for x in (dirs[("oar-p", 0)] / "metrics.jsonl").read_text().splitlines()]
+    rows[-1]["step"] = 14  # stopped by the budget between two evaluation steps
+    (dirs[("oar-p", 0)] / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    p = summarize(dirs)["credits"]["oar-p"]
+    assert p["matched_step"] == 14 and p["matched_accuracy"]["mean"] == pytest.approx(0.4)
+    assert p["ref_matched_accuracy"]["mean"] == pytest.approx(0.3 + 0.2 * 4 / 10)
+    assert math.isnan(p["matched_diff"]["ci95"])  # one seed: no interval
 
 
 def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):

@@ -15,6 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from oar.files import atomic_write, read_jsonl
 from oar.lab.run import RunConfig, train_lab
 from oar.lab.warmstart import WarmStartConfig, warm_start
@@ -62,6 +64,27 @@ def mean_ci(values: list[float]) -> dict[str, float]:
             "n": n}
 
 
+def diff_ci(a: list[float], b: list[float]) -> dict[str, float]:
+    """Difference of means ``mean(a) - mean(b)`` with its 95% CI half-width ``ci95`` (Welch's t; NaN if n < 2)."""
+    sa, sb = mean_ci(a), mean_ci(b)
+    diff = sa["mean"] - sb["mean"]
+    if sa["n"] < 2 or sb["n"] < 2:
+        return {"mean": diff, "ci95": float("nan"), "n": min(sa["n"], sb["n"])}
+    va, vb = sa["std"] ** 2 / sa["n"], sb["std"] ** 2 / sb["n"]
+    se = math.sqrt(va + vb)
+    den = va**2 / (sa["n"] - 1) + vb**2 / (sb["n"] - 1)
+    df = (va + vb) ** 2 / den if den > 0 else sa["n"] + sb["n"] - 2  # Welch–Satterthwaite
+    return {"mean": diff, "ci95": t_quantile(int(df)) * se, "n": min(sa["n"], sb["n"])}
+
+
+def _accuracy_at(curve: list[tuple[int, float, float]], step: float) -> float:
+    """Held-out accuracy of one run after ``step`` updates, linearly interpolated between its evaluations."""
+    steps, accs = [s for s, _, _ in curve], [a for _, _, a in curve]
+    if not steps[0] <= step <= steps[-1]:
+        raise ValueError(f"step {step} is outside the evaluated range {steps[0]}..{steps[-1]}")
+    return float(np.interp(step, steps, accs))
+
+
 def _mean_key(rows: list[dict], key: str) -> float:
     vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
     return sum(vals) / len(vals) if vals else float("nan")
@@ -73,8 +96,10 @@ def summarize(run_dirs: dict[tuple[str, int], Path], reference: str = "grpo") ->
     Per run: start/final held-out ``eval/accuracy`` (sampled avg@k; final = mean of the last two evaluations),
     greedy accuracy, steps, training seconds, mean ``step_time``, importance share, mean grad norm, clipped
     fraction, weight ESS ratio and the final entropy; ``steps_to_ref``/``seconds_to_ref``: first evaluation after
-    step 0 reaching the ``reference`` credit's mean final accuracy (None if never); ``matched_accuracy``: accuracy at
-    ``matched_step``, the last evaluation step every run reached (same number of updates for every credit).
+    step 0 reaching the ``reference`` credit's mean final accuracy (None if never).
+    Per credit, against the reference: ``final_diff`` (difference of mean final accuracies, Welch 95% CI) and, at
+    ``matched_step`` (the fewest updates any run of the credit or of the reference made), ``matched_accuracy``,
+    ``ref_matched_accuracy`` and ``matched_diff``; accuracies between evaluations are linearly interpolated.
     """
     runs = {k: read_jsonl(d / "metrics.jsonl") for k, d in run_dirs.items()}
     per_run = {}
@@ -100,24 +125,26 @@ def summarize(run_dirs: dict[tuple[str, int], Path], reference: str = "grpo") ->
     for r in per_run.values():
         hit = next(((s, t) for s, t, a in r["curve"][1:] if target is not None and a >= target), None)
         r["steps_to_ref"], r["seconds_to_ref"] = hit if hit else (None, None)
-    common = set.intersection(*({s for s, _, _ in r["curve"]} for r in per_run.values()))
-    matched = max(common)  # the last evaluation step every run reached: same number of updates
-    for r in per_run.values():
-        r["matched_accuracy"] = next(a for s, _, a in r["curve"] if s == matched)
     by_credit = {}
     for c in credits:
         rs = [r for (cc, _), r in sorted(per_run.items()) if cc == c]
         agg = {k: mean_ci([r[k] for r in rs]) for k in (
             "start_accuracy", "final_accuracy", "final_greedy", "final_pass_at_k", "steps", "train_seconds",
-            "step_time", "importance_share", "grad_norm", "grad_clipped", "ess_ratio", "final_entropy",
-            "matched_accuracy")}
+            "step_time", "importance_share", "grad_norm", "grad_clipped", "ess_ratio", "final_entropy")}
         agg["gain"] = mean_ci([r["final_accuracy"] - r["start_accuracy"] for r in rs])
+        if ref_runs:  # same number of updates: the fewest steps any run of c or of the reference made
+            matched = min(r["curve"][-1][0] for r in rs + ref_runs)
+            mine = [_accuracy_at(r["curve"], matched) for r in rs]
+            ref = [_accuracy_at(r["curve"], matched) for r in ref_runs]
+            agg.update(matched_step=matched, matched_accuracy=mean_ci(mine), ref_matched_accuracy=mean_ci(ref),
+                       matched_diff=diff_ci(mine, ref),
+                       final_diff=diff_ci([r["final_accuracy"] for r in rs], [r["final_accuracy"] for r in ref_runs]))
         reached = [r for r in rs if r["steps_to_ref"] is not None]
         agg["reached_ref"] = f"{len(reached)}/{len(rs)}"
         agg["steps_to_ref"] = mean_ci([r["steps_to_ref"] for r in reached]) if reached else None
         agg["seconds_to_ref"] = mean_ci([r["seconds_to_ref"] for r in reached]) if reached else None
         by_credit[c] = agg
-    return {"reference": reference, "reference_final_accuracy": target, "matched_step": matched, "credits": by_credit,
+    return {"reference": reference, "reference_final_accuracy": target, "credits": by_credit,
             "runs": list(per_run.values())}
 
 
@@ -130,24 +157,35 @@ def _fmt(s: dict | None, scale: float = 1.0, digits: int = 1) -> str:
     return txt
 
 
+def _fmt_diff(d: dict | None, scale: float = 100.0) -> str:
+    if not d or d["mean"] is None or d["mean"] != d["mean"]:
+        return "–"
+    ci = f" [±{d['ci95'] * scale:.1f}]" if d["ci95"] == d["ci95"] and d["ci95"] is not None else ""
+    return f"{d['mean'] * scale:+.1f}{ci}"
+
+
 def markdown_table(results: dict) -> str:
     """The results as a Markdown table (accuracies in points: mean ± std [95% CI half-width])."""
-    head = ("| credit | held-out acc start → final | gain | acc @ matched step | greedy final | steps | s/step "
-            "| importance share "
+    ref_name = results["reference"]
+    head = (f"| credit | held-out acc start → final | gain | Δ final vs {ref_name} | matched step "
+            f"| acc @ matched (vs {ref_name}) | greedy final | steps | s/step | importance share "
             "| steps to ref | s to ref | grad norm | clipped | ESS | final entropy |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c, a in results["credits"].items():
+        matched = (f"{_fmt(a['matched_accuracy'], 100)} vs {_fmt(a['ref_matched_accuracy'], 100)}: "
+                   f"{_fmt_diff(a['matched_diff'])}" if "matched_step" in a else "–")
         lines.append(
             f"| {c} | {_fmt(a['start_accuracy'], 100)} → {_fmt(a['final_accuracy'], 100)} | {_fmt(a['gain'], 100)} "
-            f"| {_fmt(a['matched_accuracy'], 100)} | {_fmt(a['final_greedy'], 100)} | {_fmt(a['steps'], 1, 0)} "
-            f"| {_fmt(a['step_time'], 1, 2)} "
+            f"| {_fmt_diff(a.get('final_diff'))} | {a.get('matched_step', '–')} | {matched} "
+            f"| {_fmt(a['final_greedy'], 100)} | {_fmt(a['steps'], 1, 0)} | {_fmt(a['step_time'], 1, 2)} "
             f"| {_fmt(a['importance_share'], 100)}% | {_fmt(a['steps_to_ref'], 1, 0)} ({a['reached_ref']}) "
             f"| {_fmt(a['seconds_to_ref'], 1, 0)} | {_fmt(a['grad_norm'], 1, 2)} | {_fmt(a['grad_clipped'], 100, 0)}% "
             f"| {_fmt(a['ess_ratio'], 1, 2)} | {_fmt(a['final_entropy'], 1, 3)} |")
     ref = results["reference_final_accuracy"]
-    notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, mean ± std over seeds [95% CI]; "
-             f"ref = {results['reference']} final mean ({ref * 100:.1f}); matched step = {results['matched_step']}."
-             if ref is not None else ""]
+    notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, in points, mean ± std over seeds [95% CI "
+             f"half-width]; Δ: difference of means vs {ref_name} [Welch 95% CI]; matched step: the fewest updates "
+             f"any run of that credit or of {ref_name} made (accuracy interpolated between evaluations); "
+             f"ref = {ref_name} final mean ({ref * 100:.1f})." if ref is not None else ""]
     return "\n".join(lines + [""] + notes) + "\n"
 
 
