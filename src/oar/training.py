@@ -192,10 +192,18 @@ class RunDirCallback(TrainerCallback):
             info["summary"] = {k: _clean(v) for k, v in logs.items()}
             write_json_atomic(run_json, info)
             return
-        record = {"step": state.global_step, "wall_time": round(time.time() - self._t0, 3)}
+        record = {"step": state.global_step, "wall_time": round(self.elapsed(), 3)}
         record.update({k: _clean(v) for k, v in logs.items()})
-        with open(metrics, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=float) + "\n")  # one write per line
+        self.append(args, record)
+
+    def elapsed(self) -> float:
+        """A record's ``wall_time``: seconds since training start, continued across resumes."""
+        return time.time() - self._t0
+
+    def append(self, args, record: dict[str, Any]) -> None:
+        """Append ``record`` as one line of ``metrics.jsonl`` (one write per line)."""
+        with open(self._paths(args)[1], "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=float) + "\n")
 
 
 def last_checkpoint(output_dir: str | os.PathLike) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from oar.files import atomic_write, read_jsonl
 from oar.lab.model import accuracy
 from oar.lab.task import lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
+from oar.training import RunDirCallback
 
 
 @dataclass(frozen=True)
@@ -54,54 +56,47 @@ class RunConfig:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
 
 
-def _callback(cfg: RunConfig, run_dir: Path, model, tokenizer, test, clean_len: int):
-    from transformers import TrainerCallback
+class LabCallback(RunDirCallback):
+    """The run directory of :class:`oar.training.RunDirCallback`, plus held-out evaluation every ``eval_every``
+    steps (merged into that step's record; step 0 before training) and a stop once ``budget_s`` training seconds
+    have passed. ``wall_time`` counts training seconds only; ``eval_time`` the evaluation seconds so far.
+    """
 
-    class LabCallback(TrainerCallback):
-        """Evaluates every ``eval_every`` steps, stops at the training-time budget, appends metrics.jsonl."""
+    def __init__(self, run_info: dict, evaluate: Callable[[int], dict], budget_s: float, eval_every: int) -> None:
+        super().__init__(run_info)
+        self._evaluate, self.budget_s, self.eval_every = evaluate, budget_s, eval_every
+        self.train_s = self.eval_s = 0.0
+        self.t_step = 0.0
+        self.pending: dict = {}
 
-        def __init__(self) -> None:
-            self.train_s = 0.0
-            self.eval_s = 0.0
-            self.t_step = None
-            self.pending: dict = {}
-            self.last_eval: dict = {}
-            self.file = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (closed at train end)
+    def elapsed(self) -> float:
+        return self.train_s
 
-        def evaluate(self, step: int) -> dict:
-            t0 = time.perf_counter()
-            r = accuracy(model, tokenizer, test, k=cfg.eval_k, temperature=cfg.temperature,
-                         max_new_tokens=clean_len, seed=1000 + step)
-            self.eval_s += time.perf_counter() - t0
-            self.last_eval = {f"eval/{k}": v for k, v in r.items()}
-            return self.last_eval
+    def evaluate(self, step: int) -> dict:
+        t0 = time.perf_counter()
+        out = {f"eval/{k}": v for k, v in self._evaluate(step).items()}
+        self.eval_s += time.perf_counter() - t0
+        return out
 
-        def on_train_begin(self, args, state, control, **kw):
-            self.write({"step": 0, **self.evaluate(0)})
+    def on_train_begin(self, args, state, control, **kw):
+        super().on_train_begin(args, state, control, **kw)
+        self.append(args, {"step": 0, "wall_time": 0.0, **self.evaluate(0), "eval_time": round(self.eval_s, 3)})
 
-        def on_step_begin(self, args, state, control, **kw):
-            self.t_step = time.perf_counter()
+    def on_step_begin(self, args, state, control, **kw):
+        self.t_step = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):
-            self.train_s += time.perf_counter() - self.t_step
-            if self.train_s >= cfg.budget_s:
-                control.should_training_stop = True
-            if state.global_step % cfg.eval_every == 0 or control.should_training_stop:
-                self.pending.update(self.evaluate(state.global_step))
+    def on_step_end(self, args, state, control, **kw):
+        self.train_s += time.perf_counter() - self.t_step
+        if self.train_s >= self.budget_s:
+            control.should_training_stop = True
+        if state.global_step % self.eval_every == 0 or control.should_training_stop:
+            self.pending.update(self.evaluate(state.global_step))
 
-        def on_log(self, args, state, control, logs=None, **kw):
-            self.write({"step": state.global_step, **(logs or {}), **self.pending})
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "train_runtime" not in logs:
+            logs = {**logs, **self.pending, "eval_time": round(self.eval_s, 3)}
             self.pending = {}
-
-        def write(self, row: dict) -> None:
-            row = {"wall_time": round(self.train_s, 3), "eval_time": round(self.eval_s, 3), **row}
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-
-        def on_train_end(self, args, state, control, **kw):
-            self.file.close()
-
-    return LabCallback()
+        super().on_log(args, state, control, logs=logs, **kw)
 
 
 def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None) -> dict:
@@ -125,8 +120,6 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     max_len = cfg.max_completion_length or max_completion_chars(task) + 8
     train = make_split(task, "train", cfg.train_pool, seed=cfg.seed)
     test = make_split(task, "test", cfg.eval_problems, seed=0)
-    meta = {"credit": cfg.credit, "seed": cfg.seed, "model": f"lab:{warm_path.name}", "config": asdict(cfg)}
-    atomic_write(run_dir / "run.json", json.dumps(meta, indent=1))
     ds = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
     args = OARConfig(
         output_dir=str(run_dir), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=False,
@@ -137,7 +130,10 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         max_steps=cfg.max_steps, logging_steps=1, save_strategy="no", report_to="none",
         disable_tqdm=True, dataloader_num_workers=0, conclude_text="\\boxed{", **cfg.oar,
     )
-    cb = _callback(cfg, run_dir, model, tok, test, max_len)
+    cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg)},
+                     lambda step: accuracy(model, tok, test, k=cfg.eval_k, temperature=cfg.temperature,
+                                           max_new_tokens=max_len, seed=1000 + step),
+                     cfg.budget_s, cfg.eval_every)
     trainer = OARGRPOTrainer(model=model, args=args, processing_class=tok, reward_funcs=lab_reward,
                              train_dataset=ds, callbacks=[cb])
     trainer.remove_callback(PrinterCallback)
