@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import types
 
 import pytest
 
@@ -13,7 +15,7 @@ pytest.importorskip("trl")
 from oar.attribution import read_records  # noqa: E402
 from oar.cli import main  # noqa: E402
 from oar.files import read_jsonl  # noqa: E402
-from oar.training import last_checkpoint, load_train_dataset  # noqa: E402
+from oar.training import FINAL_STAGING, last_checkpoint, load_train_dataset, save_final_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,8 @@ def test_train_writes_the_run_dir_and_resumes(workspace, capsys):
     dumps = read_records(out / "attributions.jsonl")
     assert dumps and all(d.credit == "oar-g" and len(d.tokens) == len(d.weights) for d in dumps)
     assert all(d.reward in (0.0, 1.0) for d in dumps), "TRL's reward of the completion"
-    assert (out / "model.safetensors").is_file()
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert not (out / FINAL_STAGING).exists()
 
     # a half-written newest checkpoint is ignored; --resume continues from checkpoint-2 to step 3
     (out / "checkpoint-9").mkdir()
@@ -119,3 +122,37 @@ def test_gpu_recipes_parse_with_trl_parser():
     for recipe in recipes:
         script, config = parse_train_args(["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"])
         assert script.model and script.dataset and config.use_vllm and config.credit != "grpo", recipe.name
+
+
+class _FakeTrainer:
+    """What ``save_final_model`` uses of a Trainer; ``save_model`` writes ``files`` and may die half-way."""
+
+    def __init__(self, files: dict[str, str], die_after: int | None = None) -> None:
+        self.files, self.die_after = files, die_after
+        self.args = types.SimpleNamespace(push_to_hub=False)
+        self.accelerator = types.SimpleNamespace(wait_for_everyone=lambda: None)
+
+    def is_world_process_zero(self) -> bool:
+        return True
+
+    def save_model(self, output_dir: str, _internal_call: bool = False) -> None:
+        os.makedirs(output_dir, exist_ok=True)
+        for i, (name, text) in enumerate(self.files.items()):
+            if i == self.die_after:
+                with open(os.path.join(output_dir, name), "w") as f:
+                    f.write(text[:3])  # torn write
+                raise KeyboardInterrupt("killed mid-save")
+            with open(os.path.join(output_dir, name), "w") as f:
+                f.write(text)
+
+
+def test_final_save_is_all_or_previous(tmp_path):
+    save_final_model(_FakeTrainer({"config.json": "{old}", "model.safetensors": "old weights"}), tmp_path)
+    assert (tmp_path / "model.safetensors").read_text() == "old weights" and not (tmp_path / FINAL_STAGING).exists()
+    with pytest.raises(KeyboardInterrupt):
+        save_final_model(_FakeTrainer({"config.json": "{new}", "model.safetensors": "new weights"}, die_after=1),
+                         tmp_path)
+    assert (tmp_path / "model.safetensors").read_text() == "old weights"  # never a torn weight file
+    assert (tmp_path / "config.json").read_text() == "{old}"
+    save_final_model(_FakeTrainer({"config.json": "{new}", "model.safetensors": "new weights"}), tmp_path)
+    assert (tmp_path / "model.safetensors").read_text() == "new weights" and not (tmp_path / FINAL_STAGING).exists()

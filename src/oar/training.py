@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from oar.trainer import OARConfig
 
 DEFAULT_PROMPT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+FINAL_STAGING = ".model-staging"
 
 
 @dataclass
@@ -260,6 +262,29 @@ def build_trainer(script_args: TrainArguments, config: OARConfig, reward_funcs=N
     )
 
 
+def save_final_model(trainer: Any, output_dir: str | os.PathLike) -> None:
+    """``trainer.save_model(output_dir)``, crash-safe: every process saves into ``output_dir/.model-staging/``;
+    once all files are written the main process renames each into ``output_dir`` (``os.replace``), so an
+    interrupted save never leaves a truncated weight file. Pushes to the hub afterwards if ``args.push_to_hub``."""
+    out = Path(output_dir)
+    staging = out / FINAL_STAGING
+    if trainer.is_world_process_zero():
+        shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging), _internal_call=True)  # every rank (gathers sharded weights)
+    trainer.accelerator.wait_for_everyone()
+    if trainer.is_world_process_zero():
+        for item in sorted(staging.iterdir()):
+            target = out / item.name
+            if item.is_dir() and target.is_dir():
+                shutil.rmtree(target)
+            os.replace(item, target)
+        staging.rmdir()
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.push_to_hub:
+        trainer.push_to_hub(commit_message="Final model")
+
+
 def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=None) -> dict[str, Any]:
     """Train (or resume), save the final model into ``output_dir`` and return a summary of the run.
 
@@ -273,7 +298,7 @@ def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=No
                          "or choose another --output_dir")
     trainer = build_trainer(script_args, config, reward_funcs=reward_funcs)
     result = trainer.train(resume_from_checkpoint=checkpoint)
-    trainer.save_model(config.output_dir)
+    save_final_model(trainer, config.output_dir)
     records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
     return summarize(records, result.metrics, config, checkpoint)
 
