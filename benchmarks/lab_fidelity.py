@@ -35,9 +35,11 @@ def main() -> None:
     res = attribution_fidelity(model, tok, problems, tuple(args.scorers.split(",")))
     print(f"warm start {path.name}, {args.problems} held-out solutions, verbosity {cfg.task.verbosity}, "
           f"{time.perf_counter() - t0:.1f} s")
-    print("| scorer | AUC pivotal vs filler | AUC pivotal vs rest of reasoning |\n|---|---|---|")
+    print("| scorer | AUC pivotal vs filler | AUC pivotal vs rest of reasoning | mean weight pivotal / structure / "
+          "filler |\n|---|---|---|---|")
     for name, r in res.items():
-        print(f"| {name} | {r['auc_filler']:.3f} | {r['auc_rest']:.3f} |")
+        print(f"| {name} | {r['auc_filler']:.3f} | {r['auc_rest']:.3f} | {r['weight_pivotal']:.2f} / "
+              f"{r['weight_structure']:.2f} / {r['weight_filler']:.2f} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"warm_start": path.name, "verbosity": cfg.task.verbosity, "results": res}, f, indent=1)

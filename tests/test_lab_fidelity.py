@@ -57,3 +57,15 @@ def test_fidelity_runs_every_scorer_and_random_is_chance():
     for r in res.values():
         assert r["completions"] == 24 and 0.0 <= r["auc_filler"] <= 1.0 and 0.0 <= r["auc_rest"] <= 1.0
     assert abs(res["random"]["auc_filler"] - 0.5) < 0.1
+
+
+def test_fidelity_reports_mean_weight_per_token_kind():
+    tok = lab_tokenizer()
+    model = build_model(ModelConfig(hidden=32, layers=1, mlp=64), len(tok), seed=0).eval()
+    problems = make_split(TaskConfig(verbosity=2, max_steps=2), "test", 24)
+    res = attribution_fidelity(model, tok, problems, scorers=("random", "oar-g"), batch_size=12)
+    for r in res.values():
+        w = [r[f"weight_{k}"] for k in ("pivotal", "structure", "filler")]
+        assert all(0.0 < x < 3.0 for x in w), w
+    # random scores give each kind of token about its uniform share of the advantage
+    assert all(abs(res["random"][f"weight_{k}"] - 1.0) < 0.2 for k in ("pivotal", "structure", "filler"))

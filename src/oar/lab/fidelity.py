@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from oar.lab.task import FILLER, PIVOTAL, Problem
+from oar.lab.task import FILLER, PIVOTAL, STRUCTURE, Problem
+from oar.reshape import bilevel_weights
 
 FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random")
+LABEL_NAMES = {PIVOTAL: "pivotal", STRUCTURE: "structure", FILLER: "filler"}
 
 
 def pairwise_auc(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -51,7 +53,10 @@ def attribution_fidelity(
     answer-irrelevant filler, on the worked solutions of ``problems`` scored by ``model``.
 
     Returns ``{scorer: {"auc_filler": mean AUC pivotal-vs-filler, "auc_rest": mean AUC pivotal-vs-every other
-    reasoning token, "completions": rows averaged}}``; 0.5 is chance, 1.0 a perfect ranking.
+    reasoning token, "completions": rows averaged, "weight_pivotal" / "weight_structure" / "weight_filler": mean
+    Bi-Level weight (``bilevel_weights`` defaults) of the reasoning tokens with that label}}``; AUC 0.5 is chance,
+    1.0 a perfect ranking; a mean weight above 1 means that kind of token gets more than its uniform share of the
+    advantage.
     """
     from oar.importance import get_scorer
     from oar.probe import OutcomeProbe
@@ -60,7 +65,9 @@ def attribution_fidelity(
         raise ValueError("problems is empty")
     probe = OutcomeProbe(tokenizer, conclude=conclude)
     gen = torch.Generator().manual_seed(seed)
-    out: dict[str, dict[str, list[torch.Tensor]]] = {s: {"auc_filler": [], "auc_rest": []} for s in scorers}
+    out: dict[str, dict[str, list[torch.Tensor]]] = {
+        s: {"auc_filler": [], "auc_rest": [], **{f"weights_{n}": [] for n in LABEL_NAMES.values()}} for s in scorers
+    }
     model.eval()
     for i in range(0, len(problems), batch_size):
         b = lab_batch(tokenizer, problems[i : i + batch_size])
@@ -74,9 +81,13 @@ def attribution_fidelity(
             comp = pb.to_completion(scores.float())
             out[name]["auc_filler"].append(pairwise_auc(comp, pos, reasoning & (b["labels"] == FILLER)))
             out[name]["auc_rest"].append(pairwise_auc(comp, pos, reasoning & ~pos))
+            weights = bilevel_weights(comp, reasoning)
+            for label, n in LABEL_NAMES.items():
+                out[name][f"weights_{n}"].append(weights[reasoning & (b["labels"] == label)])
     result = {}
     for name, d in out.items():
         f, r = torch.cat(d["auc_filler"]), torch.cat(d["auc_rest"])
         result[name] = {"auc_filler": f.nanmean().item(), "auc_rest": r.nanmean().item(),
-                        "completions": int((~r.isnan()).sum())}
+                        "completions": int((~r.isnan()).sum()),
+                        **{f"weight_{n}": torch.cat(d[f"weights_{n}"]).mean().item() for n in LABEL_NAMES.values()}}
     return result
