@@ -85,10 +85,10 @@ def test_presets_fit_their_budgets():
 def test_tiny_end_to_end_compare(tmp_path):
     warm = WarmStartConfig(task=TaskConfig(verbosity=1, slip_rate=0.1), model=ModelConfig(hidden=32, layers=1, mlp=64),
                            steps=40, batch_size=16, lr=1e-2, warmup=5)
+    overrides = {"eval_problems": 16, "eval_k": 1, "eval_every": 2, "prompts_per_step": 2, "group_size": 4,
+                 "max_completion_length": 48}
     res = compare(tmp_path / "out", preset="quick", seeds=1, budget_s=3, workers=1, warm=warm,
-                  cache_dir=tmp_path / "cache", report=False,
-                  run_overrides={"eval_problems": 16, "eval_k": 1, "eval_every": 2, "prompts_per_step": 2,
-                                 "group_size": 4, "max_completion_length": 48})
+                  cache_dir=tmp_path / "cache", report=False, run_overrides=overrides)
     assert set(res["credits"]) == {"grpo", "oar-g"}
     for credit in ("grpo", "oar-g"):
         run = tmp_path / "out" / f"{credit}-s0"
@@ -101,3 +101,13 @@ def test_tiny_end_to_end_compare(tmp_path):
         assert res["credits"][c]["steps"]["mean"] >= 1
     assert json.loads((tmp_path / "out" / "results.json").read_text())["seeds"] == 1
     assert "| oar-g |" in (tmp_path / "out" / "results.md").read_text()
+
+    # --resume keeps finished runs of the same configuration and retrains the ones whose configuration changed
+    stamp = {c: (tmp_path / "out" / f"{c}-s0" / "summary.json").stat().st_mtime_ns for c in ("grpo", "oar-g")}
+    again = compare(tmp_path / "out", preset="quick", seeds=1, budget_s=3, workers=1, warm=warm,
+                    cache_dir=tmp_path / "cache", report=False, run_overrides=overrides, resume=True)
+    assert again["credits"]["grpo"]["final_accuracy"]["mean"] == res["credits"]["grpo"]["final_accuracy"]["mean"]
+    assert all((tmp_path / "out" / f"{c}-s0" / "summary.json").stat().st_mtime_ns == t for c, t in stamp.items())
+    compare(tmp_path / "out", preset="quick", credits=("grpo",), seeds=1, budget_s=2, workers=1, warm=warm,
+            cache_dir=tmp_path / "cache", report=False, run_overrides=overrides, resume=True)
+    assert (tmp_path / "out" / "grpo-s0" / "summary.json").stat().st_mtime_ns != stamp["grpo"]

@@ -19,6 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 1)")
     p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep finished runs in --out that have the same configuration (continue an interrupted run)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
-                      verbosity=args.verbosity, workers=args.workers)
+                      verbosity=args.verbosity, workers=args.workers,
+                      resume=args.resume)
     from oar.lab.compare import markdown_table
 
     print(markdown_table(results))

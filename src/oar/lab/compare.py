@@ -200,6 +200,15 @@ def _finite(obj):
     return obj
 
 
+def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``run_dir`` holds a completed lab run (``summary.json``) trained with exactly ``cfg``."""
+    try:
+        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (run_dir / "summary.json").is_file() and meta.get("lab") == json.loads(json.dumps(asdict(cfg)))
+
+
 def _job(args: tuple[RunConfig, str, str | None]) -> dict:
     import torch
 
@@ -212,11 +221,13 @@ def compare(
     out_dir: str | Path, preset: str = "default", credits: tuple[str, ...] | None = None,
     seeds: int | None = None, budget_s: float | None = None, verbosity: int | None = None, workers: int = 2,
     warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None, report: bool = True,
-    run_overrides: dict | None = None,
+    run_overrides: dict | None = None, resume: bool = False,
 ) -> dict:
     """Run every (credit, seed) of ``preset`` (overridden by the arguments) and write the results.
 
     ``run_overrides``: extra :class:`RunConfig` fields applied to every run (e.g. ``{"lr": 3e-4}``).
+    ``resume``: keep the finished runs already in ``out_dir`` whose configuration is the one this call would
+    run (an interrupted comparison continues where it stopped); every other run is trained from the start.
 
     Returns the results object (also in ``out_dir/results.json``; table in ``out_dir/results.md``).
     """
@@ -246,9 +257,10 @@ def compare(
     jobs, dirs = [], {}
     for seed in range(seeds):  # seed-major: the credits of one seed run side by side on the cores
         for c in credits:
-            dirs[(c, seed)] = out / f"{c}-s{seed}"
-            cache = str(cache_dir) if cache_dir else None
-            jobs.append((replace(base, credit=c, seed=seed), str(dirs[(c, seed)]), cache))
+            cfg, run_dir = replace(base, credit=c, seed=seed), out / f"{c}-s{seed}"
+            dirs[(c, seed)] = run_dir
+            if not (resume and finished_run(run_dir, cfg)):
+                jobs.append((cfg, str(run_dir), str(cache_dir) if cache_dir else None))
     _run_jobs(jobs, workers)
     results = summarize(dirs, reference="grpo" if "grpo" in credits else credits[0])
     results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
