@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oar.files import atomic_write, read_jsonl
+from oar.files import atomic_write, iter_jsonl, read_jsonl
 
 
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
@@ -19,4 +19,18 @@ def test_read_jsonl_skips_a_torn_last_line_and_names_a_bad_one(tmp_path):
     assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
+        read_jsonl(path)
+
+
+def test_iter_jsonl_names_the_line_and_skips_only_an_unfinished_tail(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:2: expected a JSON object, got list"):
+        list(iter_jsonl(path))
+    path.write_text('{"a": 1}\n{"a": 2, "b')  # cut before its newline: a writer still running
+    assert list(iter_jsonl(path, skip_torn_tail=True)) == [(1, {"a": 1})]
+    with pytest.raises(ValueError, match=r"rows.jsonl:2: not valid JSON"):
+        list(iter_jsonl(path))
+    path.write_text('{"a": 1}\n{"a": 2, "b\n')  # a complete line that is not JSON is not a torn tail
+    with pytest.raises(ValueError, match=r"rows.jsonl:2: not valid JSON"):
         read_jsonl(path)

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from oar.files import iter_jsonl
+
 
 @dataclass
 class AttributionRecord:
@@ -67,24 +69,10 @@ def append_records(path: str | os.PathLike, records: Iterable[AttributionRecord]
         os.fsync(f.fileno())
 
 
-def _json_lines(path: str | os.PathLike) -> Iterable[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{i}: not valid JSON ({err})") from err
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
-            yield i, row
-
-
 def read_records(path: str | os.PathLike) -> list[AttributionRecord]:
     """Read every record of a JSONL file; a bad line raises ``ValueError`` naming its line number."""
     out = []
-    for i, row in _json_lines(path):
+    for i, row in iter_jsonl(path):
         try:
             out.append(AttributionRecord.from_json(row))
         except (TypeError, ValueError) as err:
@@ -95,7 +83,7 @@ def read_records(path: str | os.PathLike) -> list[AttributionRecord]:
 def read_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
     """Read ``{"prompt": str, "completion": str}`` rows of a JSONL file (texts still to be attributed)."""
     out = []
-    for i, row in _json_lines(path):
+    for i, row in iter_jsonl(path):
         if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
             raise ValueError(f"{path}:{i}: expected string fields 'prompt' and 'completion'")
         out.append((row["prompt"], row["completion"]))
@@ -105,7 +93,7 @@ def read_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
 def is_record_file(path: str | os.PathLike) -> bool:
     """True when the first row of a JSONL file is an attribution record (has ``tokens``), False when it is
     a (prompt, completion) row; ``ValueError`` for an empty file."""
-    for _, row in _json_lines(path):
+    for _, row in iter_jsonl(path):
         return "tokens" in row
     raise ValueError(f"{path}: no rows")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -27,24 +28,28 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     return path
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """The JSON objects of a JSONL file (one write per line, e.g. ``metrics.jsonl``).
+def iter_jsonl(path: str | os.PathLike, skip_torn_tail: bool = False) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for each line of a JSONL file, streamed; blank lines are skipped.
 
-    Blank lines are skipped and so is a half-written last line (a writer still running, or a crash); any
-    other bad line raises ``ValueError`` naming it.
+    A line that is not JSON, or not a JSON object, raises ``ValueError`` naming it, except, with
+    ``skip_torn_tail``, a last line cut short before its newline (a writer still running, or a crash).
     """
-    path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rows = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            if i == len(lines):
-                break
-            raise ValueError(f"{path}:{i}: not valid JSON ({err})") from err
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                if skip_torn_tail and not line.endswith("\n"):
+                    return
+                raise ValueError(f"{path}:{i}: not valid JSON ({err})") from err
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
+            yield i, row
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The JSON objects of a JSONL file written one line per write (e.g. ``metrics.jsonl``), a torn last line
+    skipped; any other bad line raises ``ValueError`` naming it (see :func:`iter_jsonl`)."""
+    return [row for _, row in iter_jsonl(path, skip_torn_tail=True)]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oar.files import iter_jsonl
 from oar.grading import gold_answer
 
 
@@ -62,11 +62,6 @@ def to_problem(benchmark: str, index: int, row: dict[str, Any]) -> Problem:
     return Problem(benchmark, index, str(question), gold_answer(row, benchmark))
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Problem]:
     """The first ``limit`` problems of ``name``, from ``data_dir`` (``<name>/test.jsonl``) or the hub."""
     (name,) = parse_benchmarks([name])
@@ -76,7 +71,7 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
             raise FileNotFoundError(
                 f"benchmark file not found: {path} (expected <data-dir>/{name}/test.jsonl)"
             )
-        rows = _read_jsonl(path)
+        rows = [row for _, row in iter_jsonl(path)]
     else:
         from datasets import load_dataset
 
