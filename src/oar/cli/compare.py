@@ -11,7 +11,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--quick", action="store_const", dest="preset", const="quick",
                       help="CI smoke comparison (about 3 minutes)")
     mode.add_argument("--study", action="store_const", dest="preset", const="study",
-                      help="6 seeds, 3 credits, 300 s per run (about 60 minutes on 2 cores)")
+                      help="6 seeds, 3 credits, 300 s per run (about 52 minutes on 2 cores)")
     p.set_defaults(preset="default", func=run)
     p.add_argument("--credits", help="comma-separated credits, e.g. grpo,oar-g,oar-p (default: the preset's)")
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
@@ -30,8 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
-                      verbosity=args.verbosity, workers=args.workers,
-                      resume=args.resume)
+                      verbosity=args.verbosity, workers=args.workers, resume=args.resume)
     from oar.lab.compare import markdown_table
 
     print(markdown_table(results))
