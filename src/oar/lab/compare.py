@@ -201,12 +201,43 @@ def _finite(obj):
 
 
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
-    """Whether ``run_dir`` holds a completed lab run (``summary.json``) trained with exactly ``cfg``."""
+    """Whether ``run_dir`` holds a completed lab run trained with exactly ``cfg``, proven by its own
+    ``metrics.jsonl``: the last record is the held-out evaluation taken when training stopped (``budget_s``
+    spent or ``max_steps`` reached), and ``summary.json`` names that same final evaluation. A ``summary.json``
+    left over from an earlier run in the same directory proves nothing (the rerun restarted the metrics)."""
     try:
         meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        rows = read_jsonl(run_dir / "metrics.jsonl")
     except (OSError, ValueError):
         return False
-    return (run_dir / "summary.json").is_file() and meta.get("lab") == json.loads(json.dumps(asdict(cfg)))
+    if meta.get("lab") != json.loads(json.dumps(asdict(cfg))) or not rows or "eval/accuracy" not in rows[-1]:
+        return False
+    last = rows[-1]
+    stopped = last.get("wall_time", 0.0) >= cfg.budget_s or last.get("step", 0) >= cfg.max_steps
+    return stopped and isinstance(summary, dict) and summary.get("final") == last
+
+
+def _die_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """Pool-worker initializer: a daemon thread ends this process as soon as ``parent`` is gone (a killed
+    ``oar compare`` must not leave a worker training into a run directory a resumed compare will use)."""
+    import os
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="oar-die-with-parent", daemon=True).start()
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """``workers`` spawned processes that exit when this process dies (see :func:`_die_with_parent`)."""
+    import os
+
+    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_die_with_parent,
+                               initargs=(os.getpid(),))
 
 
 def _job(args: tuple[RunConfig, str, str | None]) -> dict:
@@ -288,6 +319,6 @@ def _run_jobs(jobs: list, workers: int) -> None:
                 _job(j)
                 prog.advance(task)
             return
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        with worker_pool(workers) as pool:
             for _ in pool.map(_job, jobs):
                 prog.advance(task)
