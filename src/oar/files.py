@@ -28,6 +28,22 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     return path
 
 
+def check_writable_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` if needed and prove a file can be written in it; ValueError naming it otherwise (a file
+    in the way, no permission, a read-only file system), before any expensive work."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output directory {str(path)!r} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ValueError(f"output directory {str(path)!r} is not writable ({err.strerror or err})") from err
+    return path
+
+
 def iter_jsonl(path: str | os.PathLike, skip_torn_tail: bool = False) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` for each line of a JSONL file, streamed; blank lines are skipped.
 

@@ -9,18 +9,18 @@ TRL's loss. TRL buffers the batch, so the weights are computed once and reused a
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
+from oar import checkpoints
+from oar.checkpoints import STAGING_DIR
 from oar.reshape import bilevel_weights, weight_stats
 
 CREDITS = ("grpo", "oar-g", "oar-p", "entropy", "random")
@@ -29,9 +29,7 @@ ANSWER_SOURCES = ("completion", "reference")
 # metric keys of weight_stats, logged as "oar/weight_<key>" (ess_ratio and gini keep their own name)
 _STAT_KEYS = ("mean", "std", "max", "min", "frac_suppressed", "frac_floor", "ess_ratio", "gini")
 _COUNT_KEYS = ("total", "scored", "uniform", "no_answer", "too_short", "nonfinite", "tokens")
-# checkpoints are written here and renamed into OUTPUT_DIR/checkpoint-N when complete (no "checkpoint-" prefix:
-# transformers' rotation and resume never see it)
-STAGING_DIR = ".checkpoint-staging"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -169,6 +167,7 @@ class OARGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if not self.model.training:  # evaluation: the loss is reported with plain GRPO advantages
             return output
+        self._check_rewards(output["completion_ids"].shape[0])
         t0 = time.perf_counter()
         adv = output["advantages"]  # [B]
         weights, diag = self._token_weights(inputs, output)  # [B, T]
@@ -308,50 +307,40 @@ class OARGRPOTrainer(GRPOTrainer):
         total = (per_func * self.reward_weights.cpu()[:, None]).nansum(0)
         return [None if unscored else float(r) for r, unscored in zip(total, per_func.isnan().all(0), strict=True)]
 
-    # --- atomic checkpoints --------------------------------------------------------------------------------
+    def _check_rewards(self, n: int) -> None:
+        """Log ``oar/nonfinite_rewards`` (completions of the latest rollout batch, all ranks, whose reward is inf,
+        or NaN from every reward function) and warn when there are any: TRL zeroes their advantages (an inf
+        zeroes its whole group's), so they train on nothing."""
+        p = self.accelerator.num_processes
+        per_func = torch.tensor([list(self._logs["rewards"][name])[-n * p :] for name in self.reward_func_names])
+        bad = per_func.isinf().any(0) | per_func.isnan().all(0)  # [n * p]
+        count = int(bad.sum())
+        self._metrics["train"]["oar/nonfinite_rewards"].append(float(count))
+        if count and self.accelerator.is_main_process:
+            logger.warning(
+                "oar: %d of %d completions in rollout batch %d (step %d) have a non-finite reward (inf or NaN); "
+                "their advantages are zero%s. Check the reward functions %s.", count, bad.numel(),
+                self._oar_rollouts, self.state.global_step,
+                ": this batch trains on nothing" if count == bad.numel() else "", self.reward_func_names,
+            )
+
+    # --- atomic checkpoints with OAR's own state (oar.checkpoints) -----------------------------------------
     def _get_output_dir(self, trial: Any) -> str:
         run_dir = super()._get_output_dir(trial)
         return os.path.join(run_dir, STAGING_DIR) if self._oar_staging else run_dir
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """TRL's checkpoint, written into the staging dir, then renamed to ``checkpoint-N`` and rotated."""
-        run_dir = self._get_output_dir(trial)
-        staging = os.path.join(run_dir, STAGING_DIR)
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
-        self.accelerator.wait_for_everyone()
-        self._oar_staging = True
-        try:
-            super()._save_checkpoint(model, trial)  # rotates inside the staging dir: a no-op
-        finally:
-            self._oar_staging = False
-        self.accelerator.wait_for_everyone()  # every rank has written its files (e.g. its RNG state)
-        target = os.path.join(run_dir, name)
-        staged_best = self.state.best_model_checkpoint == os.path.join(staging, name)
-        if staged_best:
-            self.state.best_model_checkpoint = target
-        if not self.args.should_save:
-            return
-        if staged_best:
-            self.state.save_to_json(os.path.join(staging, name, TRAINER_STATE_NAME))
-        if os.path.exists(target):  # written by an earlier, interrupted run: moved aside in one step, then deleted
-            os.replace(target, os.path.join(staging, "replaced"))
-        os.replace(os.path.join(staging, name), target)
-        shutil.rmtree(staging)
-        self._rotate(run_dir)
+        checkpoints.save_atomic(self, trial, lambda: super(OARGRPOTrainer, self)._save_checkpoint(model, trial))
 
-    def _rotate(self, run_dir: str) -> None:
-        """transformers' ``save_total_limit`` rotation of ``run_dir``."""
-        from transformers import trainer_utils
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        checkpoints.save_oar_state(self, output_dir)
 
-        if not hasattr(trainer_utils, "rotate_checkpoints"):  # older transformers (5.0): a Trainer method
-            self._rotate_checkpoints(use_mtime=True, output_dir=run_dir)
-            return
-        trainer_utils.rotate_checkpoints(
-            output_dir=run_dir, save_total_limit=self.args.save_total_limit,
-            best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True,
-        )
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        if checkpoint is not None:
+            checkpoints.load_oar_state(self, checkpoint)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         m = self._metrics["train"]
