@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from dataclasses import asdict
 from pathlib import Path
 
@@ -93,3 +94,92 @@ def test_compare_pool_workers_die_with_their_parent():
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+# --- oar eval -------------------------------------------------------------------------------------------------
+
+
+def _eval_config(out, **kw):
+    from conftest import SHARED_DATA
+    from oar.eval.run import EvalConfig
+
+    return EvalConfig(**{**dict(model="tiny", benchmarks="gsm8k", data_dir=SHARED_DATA, limit=6, samples=2,
+                                temperature=1.0, max_new_tokens=6, batch_size=2, output_dir=str(out)), **kw})
+
+
+def test_sampled_eval_resume_draws_the_same_samples(monkeypatch, tmp_path, char_tokenizer):
+    """A sampled eval killed after its first batch and resumed writes the uninterrupted run's completions."""
+    from conftest import make_tiny_lm
+    from oar.eval import run as eval_run
+    from oar.eval.generation import HFGenerator
+    from oar.eval.run import evaluate, read_samples
+
+    model = make_tiny_lm(len(char_tokenizer))
+    calls = {"n": 0, "kill_at": None}
+
+    def generate(prompts, **kw):
+        calls["n"] += 1
+        if calls["n"] == calls["kill_at"]:
+            raise KeyboardInterrupt("killed")
+        return HFGenerator(model, char_tokenizer)(prompts, **kw)
+
+    monkeypatch.setattr(eval_run, "_make_generator", lambda cfg: (generate, char_tokenizer))
+    evaluate(_eval_config(tmp_path / "full"), progress=False)
+    calls.update(n=0, kill_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(_eval_config(tmp_path / "killed"), progress=False)
+    calls.update(n=0, kill_at=None)
+    evaluate(_eval_config(tmp_path / "killed"), progress=False)
+    full = read_samples(tmp_path / "full" / "samples.jsonl", 2)
+    resumed = read_samples(tmp_path / "killed" / "samples.jsonl", 2)
+    assert set(full) == set(resumed) and len(full) == 6
+    differ = [k for k in full if [r["completion"] for r in full[k]] != [r["completion"] for r in resumed[k]]]
+    assert not differ, f"{len(differ)} of 6 problems have other samples after the resume"
+
+
+def test_a_failed_eval_does_not_block_the_corrected_rerun(monkeypatch, tmp_path):
+    from oar.eval import run as eval_run
+    from oar.eval.run import evaluate
+
+    def broken(cfg):
+        raise ValueError(f"could not load model {cfg.model!r}")
+
+    monkeypatch.setattr(eval_run, "_make_generator", broken)
+    with pytest.raises(ValueError, match="could not load"):
+        evaluate(_eval_config(tmp_path, model="typo", samples=1, temperature=None), progress=False)
+    assert not (tmp_path / "config.json").exists()
+
+    def fake(prompts, *, samples, **kw):
+        return [["\\boxed{1}"] * samples for _ in prompts]
+
+    monkeypatch.setattr(eval_run, "_make_generator", lambda cfg: (fake, types.SimpleNamespace(chat_template=None)))
+    summary = evaluate(_eval_config(tmp_path, model="right", samples=1, temperature=None), progress=False)
+    assert summary["benchmarks"]["gsm8k"]["problems"] == 6
+    assert json.loads((tmp_path / "config.json").read_text())["model"] == "right"
+
+
+@pytest.mark.parametrize("blocked", ["file", "under a file"])
+def test_eval_output_dir_blocked_by_a_file_is_one_line(tmp_path, capsys, blocked):
+    from conftest import SHARED_DATA
+    from oar.cli import main
+
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" if blocked == "file" else tmp_path / "f" / "out"
+    assert main(["eval", "--model", "smollm2", "--data-dir", SHARED_DATA, "--limit", "1",
+                 "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("oar eval: error:") and str(out) in err[-1]
+
+
+def test_append_jsonl_ends_a_torn_line_first(tmp_path):
+    from oar.files import append_jsonl, read_jsonl
+
+    path = tmp_path / "m.jsonl"
+    append_jsonl(path, [{"step": 1}])
+    with open(path, "a") as f:
+        f.write('{"step": 2, "lo')  # a crash mid-line
+    append_jsonl(path, [{"step": 2}, {"step": 3}])
+    assert path.read_text().splitlines()[1] == '{"step": 2, "lo'
+    with pytest.raises(ValueError, match=":2:"):
+        read_jsonl(path)  # the torn line is named, not silently merged into the next record
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()[2:]] == [2, 3]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
@@ -42,6 +43,19 @@ def check_writable_dir(path: str | os.PathLike) -> Path:
     except OSError as err:
         raise ValueError(f"output directory {str(path)!r} is not writable ({err.strerror or err})") from err
     return path
+
+
+def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], **dumps: Any) -> None:
+    """Append ``records`` to a JSONL file as one write (a crash tears at most the last line, which
+    :func:`read_jsonl` skips); a line torn by an earlier crash is ended first. ``dumps``: ``json.dumps`` options."""
+    text = "".join(json.dumps(r, **dumps) + "\n" for r in records)
+    if not text:
+        return
+    with open(path, "a+b") as f:
+        if f.tell() and (f.seek(f.tell() - 1), f.read(1))[1] != b"\n":
+            text = "\n" + text
+        f.write(text.encode("utf-8"))
+        f.flush()
 
 
 def iter_jsonl(path: str | os.PathLike, skip_torn_tail: bool = False) -> Iterator[tuple[int, dict]]:

@@ -26,7 +26,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from oar.files import atomic_write, check_writable_dir, read_jsonl
+from oar.files import append_jsonl, atomic_write, check_writable_dir, read_jsonl
 from oar.trainer import OARConfig
 
 DEFAULT_PROMPT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -326,8 +326,7 @@ class RunDirCallback(TrainerCallback):
 
     def append(self, args, record: dict[str, Any]) -> None:
         """Append ``record`` as one line of ``metrics.jsonl`` (one write per line)."""
-        with open(self._paths(args)[1], "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=float) + "\n")
+        append_jsonl(self._paths(args)[1], [record], default=float)
 
 
 def last_checkpoint(output_dir: str | os.PathLike) -> str | None:

@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from oar.eval.run import EvalConfig, evaluate, format_table
+    from oar.files import check_writable_dir
 
     template = args.prompt_template
     if "{question}" not in template and Path(template).is_file():
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         output_dir=args.output_dir,
     )
+    check_writable_dir(config.output_dir)
     summary = evaluate(config)
     print(format_table(summary), end="")
     print(f"results in {config.output_dir}/ (eval.md, summary.json, samples.jsonl)")
