@@ -170,7 +170,7 @@ def test_attribute_single_equals_batched(char_tokenizer, tiny_qwen2):
 
 
 def test_attribute_rejects_bad_arguments(char_tokenizer, tiny_qwen2):
-    with pytest.raises(ValueError, match="unknown scorer 'nope'"):
+    with pytest.raises(ValueError, match="unknown credit 'nope'; registered: grpo, oar-g"):
         attribute(tiny_qwen2, char_tokenizer, "1?", "1 \\boxed{1}", "nope")
     with pytest.raises(ValueError, match="2 prompts but 1 completions"):
         attribute_batch(tiny_qwen2, char_tokenizer, ["a", "b"], ["c"])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import json
 
 import pytest
 import torch
 
-from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm
+from trainer_setup import exact_reward, first_group_reward, grpo_kwargs, task_rows, warm_tiny_lm
 
 datasets = pytest.importorskip("datasets")
 trl = pytest.importorskip("trl")
@@ -32,15 +34,16 @@ class RecordingTrainer(OARGRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.batches, self.scored_rows, self.scorer_models = [], [], []
-        if hasattr(self, "_scorer"):
-            inner = self._scorer
+        if self._credit.needs_probe:
+            inner = self._credit.score
 
+            @functools.wraps(inner)
             def spy(model, input_ids, *rest, **kw):
                 self.scored_rows.append(input_ids.shape[0])
                 self.scorer_models.append(model)
                 return inner(model, input_ids, *rest, **kw)
 
-            self._scorer = spy
+            self._credit = dataclasses.replace(self._credit, score=spy)
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
@@ -134,7 +137,7 @@ def test_credit_grpo_is_bit_identical_to_trl(tmp_path, char_tokenizer, loss_type
 )
 def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_source):
     trainer = RecordingTrainer(
-        model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+        model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
         args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, answer_source=answer_source,
                        oar_batch_size=3, oar_dump_every=1),
         train_dataset=_dataset(), processing_class=char_tokenizer,
@@ -181,8 +184,7 @@ def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_sourc
         ids = batch["completion_ids"][i][mask[i]].tolist()
         assert rec.prompt == char_tokenizer.decode(batch["prompt_ids"][i][batch["prompt_mask"][i].bool()])
         assert "".join(rec.tokens) == char_tokenizer.decode(ids, skip_special_tokens=False)
-        gold = str(sum(int(x) for x in rec.prompt[:-1].split("+")))
-        assert rec.reward == exact_reward([], [char_tokenizer.decode(ids, skip_special_tokens=True)], [gold])[0]
+        assert rec.reward == float(i == 0)  # first_group_reward
         assert rec.advantage == pytest.approx(float(adv[i][mask[i] & ~reasoning[i]][0]))
 
 
