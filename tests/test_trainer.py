@@ -293,3 +293,37 @@ def test_checkpoints_appear_only_when_complete(tmp_path, char_tokenizer, monkeyp
     trainer(4).train(resume_from_checkpoint=last_checkpoint(tmp_path))
     assert entries() == ["checkpoint-3", "checkpoint-4"]
     assert json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+
+
+# --- every registered credit method (and the controls) runs in the trainer ------------------------------
+
+
+@pytest.mark.parametrize("credit", ["entropy-mask", "gtpo", "ktae", "cf-span", "shuffle:oar-g", "inverted:oar-p",
+                                    "shuffle:ktae", "inverted:entropy-mask"])
+def test_every_credit_method_trains(tmp_path, char_tokenizer, credit):
+    from oar.credit import get_credit
+
+    trainer = RecordingTrainer(
+        model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
+        args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, oar_dump_every=1),
+        train_dataset=_dataset(), processing_class=char_tokenizer,
+    )
+    trainer.train()
+    (batch,) = trainer.batches
+    adv, mask = batch["advantages"], batch["completion_mask"].bool()
+    active = (adv != 0).any(dim=1)
+    assert torch.isfinite(adv).all() and active.any()
+    assert torch.equal(adv[~active], torch.zeros_like(adv[~active])), "zero-advantage rows stay zero"
+    method = get_credit(credit)
+    uniform = adv[active][mask[active]]
+    assert uniform.std() > 0, f"{credit}: the token advantages of a scored row must not all be equal"
+    if method.combine == "mask":
+        first = adv[0][mask[0]]
+        assert set(first.unique().tolist()) <= {0.0, float(first.abs().max())} or set(
+            first.unique().tolist()) <= {0.0, -float(first.abs().max())}
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert "oar/offset_abs_mean" in logs[0] and "oar/frac_scored" in logs[0]
+    records = read_records(tmp_path / "attributions.jsonl")
+    assert records and all(r.credit == method.name for r in records)
+    if method.combine in ("add", "replace"):
+        assert all(r.offsets is not None for r in records)
