@@ -327,3 +327,62 @@ def test_every_credit_method_trains(tmp_path, char_tokenizer, credit):
     assert records and all(r.credit == method.name for r in records)
     if method.combine in ("add", "replace"):
         assert all(r.offsets is not None for r in records)
+
+
+def test_a_credit_registered_in_user_code_trains_without_editing_oar(tmp_path, char_tokenizer):
+    from oar.credit import register_credit, unregister_credit
+
+    @register_credit("t-first-tokens", combine="multiply", needs_policy=False, needs_probe=False, passes="0",
+                     paper="test", summary="double the first k completion tokens", options={"k": 3},
+                     effect=lambda scores, mask: torch.where(mask, 1 + scores, torch.ones_like(scores)))
+    def first_tokens(batch, k=3):
+        return (torch.arange(batch.completion_ids.shape[1]) < k).float().expand(batch.completion_ids.shape[0], -1)
+
+    try:
+        trainer = RecordingTrainer(
+            model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
+            args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit="t-first-tokens",
+                           credit_options='{"k": 2}'),
+            train_dataset=_dataset(), processing_class=char_tokenizer,
+        )
+        trainer.train()
+        adv = trainer.batches[0]["advantages"]
+        row = adv[(adv != 0).any(dim=1)][0]
+        assert torch.allclose(row[:2], 2 * row[2]) and torch.allclose(row[3:], row[2].expand_as(row[3:]))
+        with pytest.raises(ValueError, match=r"no option\(s\) \['j'\]"):
+            OARConfig(**grpo_kwargs(str(tmp_path)), credit="t-first-tokens", credit_options={"j": 1})
+    finally:
+        unregister_credit("t-first-tokens")
+    with pytest.raises(ValueError, match="unknown credit 't-first-tokens'; registered: grpo"):
+        OARConfig(**grpo_kwargs(str(tmp_path)), credit="t-first-tokens")
+
+
+@pytest.mark.parametrize("credit", ["oar-p", "entropy-mask"])
+def test_trainer_dump_equals_attribute_for_the_same_completions(tmp_path, char_tokenizer, credit):
+    """The trainer and ``oar attribute`` run the same token_credit: equal weights and scores on equal inputs."""
+    from oar.attribution import attribute_batch
+
+    model = warm_tiny_lm(char_tokenizer)
+    scorer_copy = copy.deepcopy(model)  # the policy as it was when the rollout batch was scored
+    trainer = RecordingTrainer(
+        model=model, reward_funcs=first_group_reward,
+        args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, oar_dump_every=1,
+                       oar_dump_count=8),
+        train_dataset=_dataset(), processing_class=char_tokenizer,
+    )
+    trainer.train()
+    records = read_records(tmp_path / "attributions.jsonl")
+    assert records
+    eos = char_tokenizer.eos_token
+    texts = ["".join(r.tokens) for r in records]
+    assert all(t.endswith(eos) or len(t) >= 20 for t in texts)
+    completions = [t[: -len(eos)] if t.endswith(eos) else t for t in texts]
+    again = attribute_batch(scorer_copy, char_tokenizer, [r.prompt for r in records], completions, credit)
+    for rec, att in zip(records, again, strict=True):
+        n = len(att.tokens)  # the dump also holds the eos token (weight 1, not reasoning)
+        assert rec.reasoning[:n] == att.reasoning
+        if credit == "entropy-mask":  # its quantile is over the batch: compare the per-token signal
+            assert rec.scores[:n] == pytest.approx(att.scores, rel=1e-4, abs=1e-5)
+        else:
+            assert rec.scores[:n] == pytest.approx(att.scores, rel=1e-4, abs=1e-6)
+            assert rec.weights[:n] == pytest.approx(att.weights, rel=1e-4, abs=1e-5)
