@@ -254,3 +254,12 @@ def test_cf_spans_probe_at_most_ten_windows_of_5_to_50_tokens(n):
     lengths = torch.stack([(s == i).sum() for i in ids])
     assert lengths.max() <= 50 and (lengths[:-1] >= min(5, n)).all()
     assert (s[~m[0]] == -1).all()
+
+
+def test_docs_method_table_is_the_registry():
+    from pathlib import Path
+
+    from oar.credit import credit_table
+
+    page = (Path(__file__).parent.parent / "docs" / "credits.md").read_text(encoding="utf-8")
+    assert credit_table() in page, "docs/credits.md: paste the output of `oar credits` into the method table"

@@ -84,13 +84,17 @@ def read_records(path: str | os.PathLike) -> list[AttributionRecord]:
     return out
 
 
-def read_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
-    """Read ``{"prompt": str, "completion": str}`` rows of a JSONL file (texts still to be attributed)."""
+def read_pairs(path: str | os.PathLike) -> list[tuple[str, str, float | None]]:
+    """Read ``{"prompt": str, "completion": str, "reward": number (optional)}`` rows of a JSONL file (texts still
+    to be attributed); the reward is None where absent."""
     out = []
     for i, row in iter_jsonl(path):
         if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
             raise ValueError(f"{path}:{i}: expected string fields 'prompt' and 'completion'")
-        out.append((row["prompt"], row["completion"]))
+        reward = row.get("reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+            raise ValueError(f"{path}:{i}: 'reward' must be a number, got {reward!r}")
+        out.append((row["prompt"], row["completion"], None if reward is None else float(reward)))
     return out
 
 
@@ -197,7 +201,6 @@ def attribute_batch(
     chat: bool = False,
     probe: Any = None,
     rewards: Sequence[float] | None = None,
-    group_size: int | None = None,
     generator: torch.Generator | None = None,
     **options: Any,
 ) -> list[AttributionRecord]:
@@ -209,8 +212,8 @@ def attribute_batch(
             tokenizer's chat template (as an instruct model saw it when generating).
         credit: a registered credit method or control (``oar-g``, ``oar-p``, ``shuffle:oar-g``, ...).
         probe: an :class:`oar.probe.OutcomeProbe`; default one with the default conclude text.
-        rewards / group_size: for methods that read the rollout group (``ktae``, ``gtpo``): each completion's
-            reward, and consecutive completions per group (default: all in one group).
+        rewards: each completion's reward, for methods that read the rollout group (``ktae``, ``gtpo``); the
+            completions of one prompt text form a group, and the GRPO advantage is computed within it.
         generator: random source of the scorer and the controls. ``options``: the method's options
             (e.g. ``tau``, ``mode``, ``rho``).
 
@@ -233,15 +236,17 @@ def attribute_batch(
     p_ids, p_mask = _pad([_encode(tokenizer, p, chat, True) for p in prompts], probe.pad_id, left=True)
     c_rows = [_encode(tokenizer, c, chat, False) for c in completions]
     c_ids, c_mask = _pad(c_rows, probe.pad_id, left=False)
-    n = len(completions)
-    group = torch.arange(n) // (group_size or max(n, 1))
-    batch = CreditBatch(p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device),
-                        rewards=torch.tensor(rewards, dtype=torch.float32, device=device) if rewards else None,
-                        group=group.to(device), model=model)
-    if method.needs_group:
-        from oar.advantages import group_advantages
-
-        batch = CreditBatch(**{**batch.__dict__, "advantages": group_advantages(batch.rewards, group_size or n)})
+    ids = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
+    group = torch.tensor([ids[p] for p in prompts], device=device)
+    r = torch.tensor([float(x) for x in rewards], dtype=torch.float32, device=device) if rewards else None
+    adv = None
+    if r is not None:  # GRPO advantages within each prompt's completions (TRL's formula)
+        n = torch.zeros(len(ids), device=device).index_add_(0, group, torch.ones_like(r))
+        mean = torch.zeros_like(n).index_add_(0, group, r) / n
+        var = torch.zeros_like(n).index_add_(0, group, (r - mean[group]) ** 2) / (n - 1).clamp_min(1)
+        adv = (r - mean[group]) / (var.sqrt()[group] + 1e-4)
+    batch = CreditBatch(p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device), advantages=adv,
+                        rewards=r, group=group, model=model)
     was_training = model.training
     model.eval()
     try:

@@ -195,6 +195,19 @@ def get_credit(name: str) -> CreditMethod:
     return replace(base, name=key, effect=_inverted(base.effect, base.invert), control=control, base=base.name)
 
 
+def credit_table() -> str:
+    """The registered methods as a Markdown table (docs/credits.md holds its output; a test keeps them equal)."""
+    head = "| credit | per token | combine | needs | extra passes | options (defaults) | paper |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for m in _REGISTRY.values():
+        needs = ", ".join(n for n, f in (("policy", m.needs_policy), ("probe", m.needs_probe),
+                                         ("group", m.needs_group)) if f) or "–"
+        opts = ", ".join(f"{k}={v!r}" for k, v in m.options.items()) or "–"
+        cells = [f"`{m.name}`", m.summary, m.combine, needs, m.passes, opts, m.paper]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # --- effects ------------------------------------------------------------------------------------------------
 
 def bilevel_effect(scores: torch.Tensor, mask: torch.Tensor, tau: float = TAU, beta: float = BETA,
