@@ -6,7 +6,9 @@ import torch
 
 from oar.lab.task import FILLER, PIVOTAL, STRUCTURE, Problem
 
-FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random")
+# every method with a per-token signal of its own (group-statistics methods have none on worked solutions)
+FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random", "entropy-mask", "cf-span", "shuffle:oar-g",
+                    "inverted:oar-g")
 LABEL_NAMES = {PIVOTAL: "pivotal", STRUCTURE: "structure", FILLER: "filler"}
 
 
