@@ -183,3 +183,32 @@ def test_append_jsonl_ends_a_torn_line_first(tmp_path):
     with pytest.raises(ValueError, match=":2:"):
         read_jsonl(path)  # the torn line is named, not silently merged into the next record
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()[2:]] == [2, 3]
+
+
+def test_replace_dir_is_old_or_new_never_a_mix(tmp_path, monkeypatch):
+    from oar import files
+
+    target, staging = tmp_path / "checkpoint-2", tmp_path / ".staging"
+    target.mkdir()
+    (target / "a").write_text("old")
+    (staging / "checkpoint-2").mkdir(parents=True)
+    (staging / "checkpoint-2" / "a").write_text("new")
+    real = os.replace
+    calls = []
+
+    def dying_replace(src, dst):  # a kill between moving the old one aside and renaming the new one in
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", dying_replace)
+    with pytest.raises(KeyboardInterrupt):
+        files.replace_dir(staging / "checkpoint-2", target)
+    assert not target.exists()  # no checkpoint-2 at all (resume takes the previous one), never a mixed one
+    assert (staging / ".replaced-checkpoint-2" / "a").read_text() == "old"
+    monkeypatch.setattr(files.os, "replace", real)
+    (target).mkdir()
+    (target / "a").write_text("old")
+    files.replace_dir(staging / "checkpoint-2", target)
+    assert (target / "a").read_text() == "new" and sorted(p.name for p in staging.iterdir()) == []

@@ -19,6 +19,8 @@ import torch
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from oar.files import replace_dir
+
 # no "checkpoint-" prefix: transformers' rotation and resume never see it
 STAGING_DIR = ".checkpoint-staging"
 OAR_STATE = "oar_state_{rank}.pth"
@@ -67,9 +69,7 @@ def save_atomic(trainer: Any, trial: Any, save: Callable[[], None]) -> None:
         return
     if staged_best:
         trainer.state.save_to_json(os.path.join(staging, name, TRAINER_STATE_NAME))
-    if os.path.exists(target):  # written by an earlier, interrupted run: moved aside in one step, then deleted
-        os.replace(target, os.path.join(staging, "replaced"))
-    os.replace(os.path.join(staging, name), target)
+    replace_dir(os.path.join(staging, name), target)  # a checkpoint-N of an earlier, interrupted run is replaced
     shutil.rmtree(staging)
     rotate(trainer, run_dir)
 

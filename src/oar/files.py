@@ -1,10 +1,11 @@
-"""Atomic file writes (temporary file in the same directory, then ``os.replace``): the one writer of every
-result file, so a crash never leaves a half-written one."""
+"""Crash-safe files: atomic writes (temporary file in the same directory, then ``os.replace``), atomic directory
+replacement, the one JSONL appender and reader, and the writable-directory check run before expensive work."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -43,6 +44,20 @@ def check_writable_dir(path: str | os.PathLike) -> Path:
     except OSError as err:
         raise ValueError(f"output directory {str(path)!r} is not writable ({err.strerror or err})") from err
     return path
+
+
+def replace_dir(staged: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Move the finished directory ``staged`` to ``target`` (same file system) by renames only: an existing
+    ``target`` is first renamed aside into ``staged``'s parent (a staging area the next save clears) and then
+    deleted, so ``target`` is at every moment the old directory or the new one, never a mix."""
+    staged, target = Path(staged), Path(target)
+    aside = staged.parent / f".replaced-{target.name}"
+    if target.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(target, aside)
+    os.replace(staged, target)
+    shutil.rmtree(aside, ignore_errors=True)
+    return target
 
 
 def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], **dumps: Any) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from oar.files import append_jsonl, atomic_write, check_writable_dir, read_jsonl
+from oar.files import append_jsonl, atomic_write, check_writable_dir, read_jsonl, replace_dir
 from oar.trainer import OARConfig
 
 DEFAULT_PROMPT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -399,10 +399,10 @@ def save_final_model(trainer: Any, output_dir: str | os.PathLike) -> None:
     trainer.accelerator.wait_for_everyone()
     if trainer.is_world_process_zero():
         for item in sorted(staging.iterdir()):
-            target = out / item.name
-            if item.is_dir() and target.is_dir():
-                shutil.rmtree(target)
-            os.replace(item, target)
+            if item.is_dir():
+                replace_dir(item, out / item.name)
+            else:
+                os.replace(item, out / item.name)
         staging.rmdir()
     trainer.accelerator.wait_for_everyone()
     if trainer.args.push_to_hub:
