@@ -212,3 +212,14 @@ def test_replace_dir_is_old_or_new_never_a_mix(tmp_path, monkeypatch):
     (target / "a").write_text("old")
     files.replace_dir(staging / "checkpoint-2", target)
     assert (target / "a").read_text() == "new" and sorted(p.name for p in staging.iterdir()) == []
+
+
+def test_eval_of_an_empty_benchmark_file_is_one_line(tmp_path, capsys):
+    from oar.cli import main
+
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "data" / "gsm8k" / "test.jsonl").write_text("")
+    assert main(["eval", "--model", "smollm2", "--benchmarks", "gsm8k", "--data-dir", str(tmp_path / "data"),
+                 "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("oar eval: error:") and "'gsm8k'" in err[-1] and "no problems" in err[-1]

@@ -197,6 +197,10 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     jsonl = out / "samples.jsonl"
     done = read_samples(jsonl, config.samples)
     problems = {b: load_benchmark(b, config.data_dir, config.limit) for b in config.benchmarks}
+    empty = [b for b, ps in problems.items() if not ps]
+    if empty:
+        where = f" in {config.data_dir}" if config.data_dir else ""
+        raise ValueError(f"benchmark {empty[0]!r}{where} has no problems (an empty test.jsonl?)")
     pending = [p for ps in problems.values() for p in ps if (p.benchmark, p.index) not in done]
 
     if pending:
