@@ -230,3 +230,16 @@ def test_unwritable_output_dir_is_one_line(workspace, capsys, monkeypatch):
     assert main(["train", "--config", str(config), "--output_dir", str(root / "ro"), "--resume"]) == 2
     err = _one_error_line(capsys.readouterr().err)
     assert "not writable (Permission denied)" in err and str(root / "ro") in err
+
+
+def test_yaml_type_check_accepts_what_argparse_converts(tmp_path):
+    from oar.trainer import OARConfig
+    from oar.training import TrainArguments, check_config_file
+
+    path = tmp_path / "ok.yaml"
+    path.write_text("learning_rate: 1e-3\nmax_steps: '7'\nbf16: true\nreport_to: none\nprobe_mode: null\n"
+                    "credit_options: {rho: 0.2}\nenv: {A: 1}\n")
+    assert check_config_file(str(path), (TrainArguments, OARConfig))["learning_rate"] == "1e-3"
+    path.write_text("max_steps: '2.5'\n")
+    with pytest.raises(ValueError, match="max_steps: '2.5' is not a valid int"):
+        check_config_file(str(path), (TrainArguments, OARConfig))

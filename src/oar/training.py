@@ -128,7 +128,19 @@ def _fits(value: Any, hint: Any) -> bool:
             return True  # Literal, enums, callables, ...: left to the dataclass
         if isinstance(value, _SIMPLE[base]) and not (isinstance(value, bool) and base is not bool):
             return True
+        if isinstance(value, str) and base in (int, float, bool) and _parses(value, base):
+            return True  # argparse converts string defaults: YAML reads 1e-3 as text
     return False
+
+
+def _parses(text: str, base: type) -> bool:
+    if base is bool:
+        return text.lower() in ("true", "false", "yes", "no", "1", "0", "y", "n", "t", "f")
+    try:
+        base(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _type_name(hint: Any) -> str:
