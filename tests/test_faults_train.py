@@ -243,3 +243,23 @@ def test_yaml_type_check_accepts_what_argparse_converts(tmp_path):
     path.write_text("max_steps: '2.5'\n")
     with pytest.raises(ValueError, match="max_steps: '2.5' is not a valid int"):
         check_config_file(str(path), (TrainArguments, OARConfig))
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_checkpoint_save_then_resume(tmp_path):
+    """One real trial of benchmarks/faults.py: ``oar train`` (OAR-G) SIGKILLed while a checkpoint is being
+    written, then ``--resume``: complete checkpoints only, metrics exactly steps 1..N, bit-identical weights."""
+    import importlib.util
+    import random
+    import subprocess
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("faults", Path(__file__).parent.parent / "benchmarks" / "faults.py")
+    faults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(faults)
+    config = faults.workspace(tmp_path)
+    subprocess.run(faults._cmd(config, tmp_path / "ref", "oar-g", False), env=faults._env(), check=True,
+                   capture_output=True)
+    row = faults.trial(config, tmp_path, "oar-g", "save", faults._weights(tmp_path / "ref"), random.Random(0))
+    assert row["happened"] == "save" and row["resume_rc"] == 0, row
+    assert row["checkpoints_complete"] and row["metrics_exact"] and row["bit_identical"], row
