@@ -67,6 +67,21 @@ def test_dummy_probe_makes_scorer_passes(tiny_qwen2, credit):
     assert calls, f"{credit} made no forward pass on the dummy probe"
 
 
+def test_oar_g_reads_embeddings_only_inside_the_models_forward(tiny_qwen2):
+    """A sharded (FSDP2 DTensor) embedding cannot be called on its own; OAR-G only uses it inside forwards."""
+    inside, outside = [], []
+    flag = tiny_qwen2.register_forward_pre_hook(lambda *_: inside.append(1))
+    done = tiny_qwen2.register_forward_hook(lambda *_: inside.pop() and None)
+    probe = tiny_qwen2.get_input_embeddings().register_forward_pre_hook(lambda *_: outside.append(not inside))
+    try:
+        scores = get_scorer("oar-g")(tiny_qwen2, *dummy_probe(token_id=5))  # 0 is the pad: a zero embedding
+    finally:
+        for h in (flag, done, probe):
+            h.remove()
+    assert outside and not any(outside), "the embedding layer was called outside the model's forward"
+    assert scores[0, 1:3].abs().sum() > 0
+
+
 @pytest.mark.ddp
 @pytest.mark.slow
 @pytest.mark.parametrize(
