@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--study", action="store_const", dest="preset", const="study",
                       help="6 seeds, 3 credits, 300 s per run (about 52 minutes on 2 cores)")
     p.set_defaults(preset="default", func=run)
-    p.add_argument("--credits", help="comma-separated credits, e.g. grpo,oar-g,oar-p (default: the preset's)")
+    p.add_argument("--credits", help="comma-separated credit methods or controls, e.g. grpo,oar-g,shuffle:oar-g "
+                   "(registered: oar.credit.credit_names(); default: the preset's)")
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
     p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
     p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 1)")

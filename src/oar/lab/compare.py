@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from oar.credit import get_credit
 from oar.files import atomic_write, read_jsonl
 from oar.lab.run import RunConfig, train_lab
 from oar.lab.warmstart import WarmStartConfig, warm_start
 
-COMPARE_CREDITS = ("grpo", "oar-g", "oar-p", "entropy", "random")
 # two-sided 95% Student-t quantiles, by degrees of freedom (normal beyond 30)
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
          10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
@@ -234,10 +234,7 @@ def compare(
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
-    credits = tuple(credits or p.credits)
-    for c in credits:
-        if c not in COMPARE_CREDITS:
-            raise ValueError(f"unknown credit {c!r}; valid: {', '.join(COMPARE_CREDITS)}")
+    credits = tuple(get_credit(c).name for c in (credits or p.credits))  # ValueError listing registered ones
     seeds = p.seeds if seeds is None else seeds
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")

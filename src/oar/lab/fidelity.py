@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from oar.lab.task import FILLER, PIVOTAL, STRUCTURE, Problem
-from oar.reshape import bilevel_weights
 
-FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random")
+# every method with a per-token signal of its own (group-statistics methods have none on worked solutions)
+FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random", "entropy-mask", "cf-span", "shuffle:oar-g",
+                    "inverted:oar-g")
 LABEL_NAMES = {PIVOTAL: "pivotal", STRUCTURE: "structure", FILLER: "filler"}
 
 
@@ -49,24 +50,30 @@ def attribution_fidelity(
     model, tokenizer, problems: list[Problem], scorers: tuple[str, ...] = FIDELITY_SCORERS,
     conclude: str = "\\boxed{", batch_size: int = 32, seed: int = 0,
 ) -> dict[str, dict[str, float]]:
-    """AUC of each scorer for ranking pivotal reasoning tokens (operands, intermediate results) above
+    """AUC of each credit method for ranking pivotal reasoning tokens (operands, intermediate results) above
     answer-irrelevant filler, on the worked solutions of ``problems`` scored by ``model``.
 
-    Returns ``{scorer: {"auc_filler": mean AUC pivotal-vs-filler, "auc_rest": mean AUC pivotal-vs-every other
-    reasoning token, "completions": rows averaged, "weight_pivotal" / "weight_structure" / "weight_filler": mean
-    Bi-Level weight (``bilevel_weights`` defaults) of the reasoning tokens with that label}}``; AUC 0.5 is chance,
-    1.0 a perfect ranking; a mean weight above 1 means that kind of token gets more than its uniform share of the
-    advantage.
+    Every method runs through :func:`oar.credit.token_credit`, as in training; methods that read the rollout
+    group (``ktae``) have no signal on worked solutions alone and are rejected. Returns ``{method: {"auc_filler":
+    mean AUC pivotal-vs-filler, "auc_rest": mean AUC pivotal-vs-every other reasoning token, "completions": rows
+    averaged, "weight_pivotal" / "weight_structure" / "weight_filler": mean weight (the method's defaults) of the
+    reasoning tokens with that label}}``; AUC 0.5 is chance, 1.0 a perfect ranking; a mean weight above 1 means that
+    kind of token gets more than its uniform share of the advantage.
     """
-    from oar.importance import get_scorer
+    from oar.credit import CreditBatch, get_credit, token_credit
     from oar.probe import OutcomeProbe
 
     if not problems:
         raise ValueError("problems is empty")
+    methods = [get_credit(s) for s in scorers]
+    for m in methods:
+        if m.needs_group:
+            raise ValueError(f"credit {m.name!r} reads rollout-group statistics: no fidelity on worked solutions")
     probe = OutcomeProbe(tokenizer, conclude=conclude)
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, dict[str, list[torch.Tensor]]] = {
-        s: {"auc_filler": [], "auc_rest": [], **{f"weights_{n}": [] for n in LABEL_NAMES.values()}} for s in scorers
+        m.name: {"auc_filler": [], "auc_rest": [], **{f"weights_{n}": [] for n in LABEL_NAMES.values()}}
+        for m in methods
     }
     model.eval()
     for i in range(0, len(problems), batch_size):
@@ -74,16 +81,14 @@ def attribution_fidelity(
         pb = probe(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
         reasoning = pb.completion_reasoning_mask & pb.valid[:, None]
         pos = reasoning & (b["labels"] == PIVOTAL)
-        for name in scorers:
-            kw = {"generator": gen} if name in ("oar-g", "random") else {}
-            scores = get_scorer(name)(model, pb.input_ids, pb.attention_mask, pb.reasoning_mask,
-                                      pb.answer_mask, **kw).detach()
-            comp = pb.to_completion(scores.float())
-            out[name]["auc_filler"].append(pairwise_auc(comp, pos, reasoning & (b["labels"] == FILLER)))
-            out[name]["auc_rest"].append(pairwise_auc(comp, pos, reasoning & ~pos))
-            weights = bilevel_weights(comp, reasoning)
+        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
+                            model=model)
+        for m in methods:
+            tc = token_credit(m, batch, probe=probe, batch_size=batch_size, generator=gen)
+            out[m.name]["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
+            out[m.name]["auc_rest"].append(pairwise_auc(tc.scores, pos, reasoning & ~pos))
             for label, n in LABEL_NAMES.items():
-                out[name][f"weights_{n}"].append(weights[reasoning & (b["labels"] == label)])
+                out[m.name][f"weights_{n}"].append(tc.weights[reasoning & (b["labels"] == label)])
     result = {}
     for name, d in out.items():
         f, r = torch.cat(d["auc_filler"]), torch.cat(d["auc_rest"])
