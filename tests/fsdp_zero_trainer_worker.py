@@ -71,18 +71,19 @@ def main(config: dict, out_path: str) -> None:
     import datasets
     import torch.distributed as dist
 
+    import oar.distributed
     from oar.distributed import sharding_of
     from oar.lab.tokenizer import build_char_tokenizer
     from oar.trainer import OARConfig, OARGRPOTrainer
 
-    calls: list[list[int]] = []
+    calls: list[list[int]] = []  # per rollout batch: this process's scorer calls, the max over processes
+    max_over_ranks = oar.distributed.max_over_ranks
 
-    class CountingTrainer(OARGRPOTrainer):
-        def _pad_scorer_calls(self, policy, n_calls):
-            from oar.distributed import max_over_ranks
+    def recording_max(n, group=None):
+        calls.append([n, max_over_ranks(n, group)])
+        return calls[-1][1]
 
-            calls.append([n_calls, max_over_ranks(n_calls)])
-            super()._pad_scorer_calls(policy, n_calls)
+    oar.distributed.max_over_ranks = recording_max
 
     tok = build_char_tokenizer()
     model = warm_tiny_lm(tok)
@@ -92,9 +93,9 @@ def main(config: dict, out_path: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args = OARConfig(**grpo_kwargs(tmp, max_steps=3, per_device_train_batch_size=4), credit=config["credit"],
                          oar_batch_size=1)
-        trainer = CountingTrainer(model=model, reward_funcs=exact_reward, args=args,
-                                  train_dataset=datasets.Dataset.from_list(task_rows(48, seed=3)),
-                                  processing_class=tok)
+        trainer = OARGRPOTrainer(model=model, reward_funcs=exact_reward, args=args,
+                                   train_dataset=datasets.Dataset.from_list(task_rows(48, seed=3)),
+                                   processing_class=tok)
         trainer.train()
     wrapped = trainer.model_wrapped
     kind = sharding_of(wrapped)

@@ -8,8 +8,9 @@ different numbers of passes pair up the wrong collectives and hang or abort. Two
   unsharded once, kept unsharded through the inputs-only backward, resharded on exit; ZeRO-3: gathered with the
   ZeRO-3 hooks off). Inside it a pass makes no collective call, so the unchanged scorers run and are exact. Cost:
   one full copy of the weights per rank while scoring (the same as TRL's ZeRO-3 generation).
-* :func:`pad_to_max_over_ranks` pads the number of scorer calls to the maximum over ranks with a dummy probe
-  (:func:`dummy_probe`), so every rank makes the same calls; a rank with nothing to score still joins.
+* :func:`equal_scorer_calls` (for a credit method) and :func:`pad_to_max_over_ranks` (for any list of work) pad
+  the number of scorer calls to the maximum over ranks with dummy calls (:func:`dummy_probe`), so every rank
+  makes the same calls; a rank with nothing to score still joins.
 
 FSDP1 is refused (:func:`check_scorable`): its flat parameters cannot be scored through the unwrapped module, and
 an inputs-only backward drops accumulated gradients with ``use_orig_params=False``.
@@ -17,12 +18,16 @@ an inputs-only backward drops accumulated gradients with ``use_orig_params=False
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Literal, TypeVar
+from dataclasses import replace
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from oar.credit import CreditBatch, CreditMethod, call_with_options
 
 Sharding = Literal["fsdp1", "fsdp2", "zero3"]
 T = TypeVar("T")
@@ -171,3 +176,41 @@ def dummy_probe(device: torch.device | str = "cpu", token_id: int = 0) -> tuple[
     reasoning_mask = torch.tensor([[False, True, True, False]], device=device)
     answer_mask = torch.tensor([[False, False, False, True]], device=device)
     return input_ids, attention_mask, reasoning_mask, answer_mask
+
+
+@contextmanager
+def equal_scorer_calls(
+    method: CreditMethod, policy: torch.nn.Module, options: Mapping[str, Any],
+    group: dist.ProcessGroup | None = None,
+) -> Iterator[CreditMethod]:
+    """Yields ``method`` with a score function that counts its calls; on a normal exit, makes dummy calls on
+    ``policy`` (a :func:`dummy_probe`, or a 1-row batch for a method without probe; results discarded, own
+    random source) until this rank has made as many calls as the busiest rank of ``group``.
+
+    Every rank of ``group`` must enter, also one with nothing to score. ``options``: the method's options.
+    """
+    calls: list[int] = []
+
+    @functools.wraps(method.score)  # same signature: options and context still route to it
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return method.score(*args, **kwargs)
+
+    yield replace(method, score=counted)
+    missing = max_over_ranks(len(calls), group) - len(calls)
+    if missing <= 0:
+        return
+    device = next(policy.parameters()).device
+    context: dict[str, Any] = {"generator": torch.Generator(device=device).manual_seed(0)}
+    if method.needs_probe:
+        args: tuple[Any, ...] = (policy, *dummy_probe(device))
+    else:
+        ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+        zero = torch.zeros(1, device=device)
+        args = (CreditBatch(prompt_ids=ids, prompt_mask=torch.ones_like(ids), completion_ids=ids,
+                            completion_mask=torch.ones_like(ids), advantages=zero, rewards=zero,
+                            group=zero.long(), model=policy),)
+        context.update(active=torch.ones(1, dtype=torch.bool, device=device), batch_size=1)
+    checked = method.check_options(options)
+    for _ in range(missing):
+        call_with_options(method.score, *args, options=checked, **context)

@@ -10,15 +10,13 @@ log-probs.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import shutil
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,8 +25,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token_credit
-from oar.credit import _call as call_with_options  # routes a method's options to its score, as token_credit does
-from oar.distributed import FSDP1_MESSAGE, dummy_probe, full_policy, max_over_ranks, sharding_of
+from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
 from oar.probe import DEFAULT_CONCLUDE
 from oar.reshape import BETA, FLOOR, TAU, weight_stats
 
@@ -223,38 +220,12 @@ class OARGRPOTrainer(GRPOTrainer):
         m = self._credit
         if not m.needs_policy:
             return self._credit_with(m, None, inputs, output)
-        calls: list[int] = []
-        counted = replace(m, score=_counted(m.score, calls))
         if sharding_of(self.model_wrapped) is None:
             policy_ctx = nullcontext(self.accelerator.unwrap_model(self.model))  # the policy without DDP hooks
         else:
             policy_ctx = full_policy(self.model_wrapped)
-        with policy_ctx as policy:
-            credit = self._credit_with(counted, policy, inputs, output)
-            self._pad_scorer_calls(policy, len(calls))
-        return credit
-
-    def _pad_scorer_calls(self, policy: torch.nn.Module, n_calls: int) -> None:
-        """Dummy scorer calls (results discarded, own random source) up to the most calls any process made."""
-        m, device = self._credit, self.accelerator.device
-        missing = max_over_ranks(n_calls) - n_calls
-        if missing <= 0:
-            return
-        generator = torch.Generator(device=device).manual_seed(0)
-        if m.needs_probe:
-            args: tuple[Any, ...] = (policy, *dummy_probe(device))
-            context: dict[str, Any] = {"generator": generator}
-        else:
-            ids = torch.full((1, 2), 0, dtype=torch.long, device=device)
-            one = torch.zeros(1, device=device)
-            args = (CreditBatch(prompt_ids=ids, prompt_mask=torch.ones_like(ids), completion_ids=ids,
-                                completion_mask=torch.ones_like(ids), advantages=one, rewards=one,
-                                group=one.long(), model=policy),)
-            context = {"generator": generator, "active": torch.ones(1, dtype=torch.bool, device=device),
-                       "batch_size": 1}
-        options = m.check_options(self._credit_options)
-        for _ in range(missing):
-            call_with_options(m.score, *args, options=options, **context)
+        with policy_ctx as policy, equal_scorer_calls(m, policy, self._credit_options) as counted:
+            return self._credit_with(counted, policy, inputs, output)
 
     def _credit_with(self, m: CreditMethod, model: Any, inputs: list[dict[str, Any]],
                      output: dict[str, Any]) -> TokenCredit:
@@ -426,13 +397,3 @@ class OARGRPOTrainer(GRPOTrainer):
             logs["oar/grad_clipped"] = float(grad_norm > self.args.max_grad_norm)
         super().log(logs, start_time)
 
-
-def _counted(score: Callable[..., torch.Tensor], calls: list[int]) -> Callable[..., torch.Tensor]:
-    """``score`` (same signature, so options still route to it) appending to ``calls`` on every call."""
-
-    @functools.wraps(score)
-    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(1)
-        return score(*args, **kwargs)
-
-    return counted
