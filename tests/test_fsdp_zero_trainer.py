@@ -85,3 +85,16 @@ def test_fsdp2_and_zero3_train_oar_credit_alike(tmp_path, credit, tie):
     assert f["loss"] == pytest.approx(z["loss"], abs=1e-5)
     # the same run up to float reduction order (measured for OAR-G: 6e-5 apart, 3 steps that moved 3e-3)
     assert (f_params - z_params).abs().max() < 0.1 * f["moved_by"]
+
+
+@pytest.mark.parametrize("name", ["fsdp2.yaml", "zero3.yaml", "zero2.yaml"])
+def test_gpu_recipes_load_as_accelerate_configs(name):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    path = os.path.join(os.path.dirname(__file__), "..", "recipes", "accelerate", name)
+    cfg = ClusterConfig.from_yaml_file(path)
+    assert cfg.num_processes == 8 and not cfg.use_cpu
+    if name == "fsdp2.yaml":
+        assert cfg.fsdp_config["fsdp_version"] == 2
+    if name == "zero3.yaml":
+        assert cfg.deepspeed_config["zero_stage"] == 3
