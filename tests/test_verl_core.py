@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -13,7 +15,11 @@ from oar.probe import OutcomeProbe
 
 
 def test_importing_oar_and_the_plugin_core_does_not_import_verl():
-    assert "verl" not in sys.modules
+    """Meaningful in the verl environment (make test-verl), where verl is installed: oar's core stays torch-only."""
+    code = "import sys, oar, oar.credit, oar.trainer, oar.integrations.verl.core; print('verl' in sys.modules)"
+    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr[-2000:]
 
 
 def test_config_block_defaults_and_errors():

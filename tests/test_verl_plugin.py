@@ -72,6 +72,9 @@ def test_hydra_command_line_selects_the_trainer_and_carries_the_oar_block():
     bad = _verl_config("trainer.v1.trainer_mode=oar_sync", "+oar.credit=oar-g", "+oar.noise=0.1")
     with pytest.raises(ValueError, match="unknown oar config key.*'noise'"):
         plugin.OARTrainerSync(bad)  # refused before verl starts anything
+    fsdp1 = _verl_config("trainer.v1.trainer_mode=oar_sync", "+oar.credit=oar-g")  # verl's default actor: fsdp
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.strategy=fsdp2"):
+        plugin.OARTrainerSync(fsdp1)
 
 
 # --- one step of the OAR stages, verl's TransferQueue and Ray replaced -----------------------------------------

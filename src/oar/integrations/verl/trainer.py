@@ -74,6 +74,10 @@ class OARTrainerSync(PPOTrainerSync):
 
     def __init__(self, config, *args, **kwargs):
         self.oar = OARVerlConfig.from_mapping(config.get("oar"))  # bad knobs fail before any worker starts
+        strategy = config.actor_rollout_ref.actor.strategy
+        if strategy != "fsdp2":
+            raise ValueError(f"the oar_sync trainer scores with the FSDP2 actor: set "
+                             f"actor_rollout_ref.actor.strategy=fsdp2 (got {strategy!r})")
         super().__init__(config, *args, **kwargs)
 
     def _init_resource_pool_mgr(self):
