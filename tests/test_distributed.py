@@ -12,7 +12,6 @@ import torch
 
 from conftest import require
 from oar.distributed import (
-    check_scorable,
     dummy_probe,
     full_policy,
     max_over_ranks,
@@ -43,7 +42,6 @@ def run_worker(tmp_path, config: dict, timeout: int = 240) -> list[dict]:
 
 def test_plain_module_is_unsharded_and_scored_as_is(tiny_qwen2):
     assert sharding_of(tiny_qwen2) is None
-    check_scorable(tiny_qwen2)
     with full_policy(tiny_qwen2) as policy:
         assert policy is tiny_qwen2
 

@@ -12,7 +12,7 @@ different numbers of passes pair up the wrong collectives and hang or abort. Two
   the number of scorer calls to the maximum over ranks with dummy calls (:func:`dummy_probe`), so every rank
   makes the same calls; a rank with nothing to score still joins.
 
-FSDP1 is refused (:func:`check_scorable`): its flat parameters cannot be scored through the unwrapped module, and
+FSDP1 is refused (:data:`FSDP1_MESSAGE`): its flat parameters cannot be scored through the unwrapped module, and
 an inputs-only backward drops accumulated gradients with ``use_orig_params=False``.
 """
 
@@ -54,12 +54,6 @@ def sharding_of(model: torch.nn.Module) -> Sharding | None:
     if callable(stage) and stage() == 3:
         return "zero3"
     return None
-
-
-def check_scorable(model: torch.nn.Module) -> None:
-    """ValueError (one line, pointing to FSDP2) when ``model`` is sharded in a way the scoring pass cannot use."""
-    if sharding_of(model) == "fsdp1":
-        raise ValueError(FSDP1_MESSAGE)
 
 
 @contextmanager
