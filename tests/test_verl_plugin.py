@@ -3,7 +3,7 @@ the ``oar_sync`` trainer's OAR stages with verl's own GRPO estimator, with Trans
 store and the Ray worker group by a direct call of the worker method on a tiny model (verl's engines and Ray
 workers need a GPU: ``make gpu-verl``).
 
-verl 0.9.1 pins transformers < 5.11, so this runs in its own environment (``.ci/run``); in oar's main
+verl 0.9.1 pins transformers < 5.11, so this runs in its own environment (``make test-verl``); in oar's main
 environment verl is absent and the module is skipped.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("verl", reason="verl lives in its own environment (transformers < 5.11); see .ci/run")
+pytest.importorskip("verl", reason="verl lives in its own environment (transformers < 5.11): make test-verl")
 
 from tensordict import NonTensorStack, TensorDict  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa: E402
