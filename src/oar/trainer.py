@@ -2,9 +2,10 @@
 
 The only module that knows TRL. Per rollout batch it calls TRL's own ``_generate_and_score_completions``,
 builds the outcome probe for the completions whose advantage is non-zero, scores their reasoning tokens with
-the unwrapped policy, reshapes the scores into Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to
-TRL's loss. TRL buffers the batch, so the weights are computed once and reused across ``num_iterations`` and
-``steps_per_generation``, like the old log-probs.
+the policy (its full weights, also under FSDP2 and ZeRO-3: :mod:`oar.distributed`), reshapes the scores into
+Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to TRL's loss. TRL buffers the batch, so the
+weights are computed once and reused across ``num_iterations`` and ``steps_per_generation``, like the old
+log-probs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import math
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +24,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from oar import checkpoints
 from oar.checkpoints import STAGING_DIR
-from oar.credit import CreditBatch, TokenCredit, get_credit, token_credit
+from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token_credit
+from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
 from oar.probe import DEFAULT_CONCLUDE
 from oar.reshape import BETA, FLOOR, TAU, weight_stats
 
@@ -170,14 +173,8 @@ class OARGRPOTrainer(GRPOTrainer):
                              f"which the train dataset lacks; columns: {columns}")
         self._credit = get_credit(self.args.credit)
         self._credit_options = self.args.method_options(self._credit)
-        if self._credit.name != "grpo" and (
-            self.is_fsdp_enabled
-            or (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3)
-        ):
-            raise ValueError(
-                f"credit={self.args.credit!r} scores tokens with the full policy on every rank; FSDP and "
-                "DeepSpeed ZeRO-3 shard it and are not supported yet (use ZeRO-2 or DDP, or credit='grpo')"
-            )
+        if self._credit.needs_policy and self.is_fsdp_enabled and not self.accelerator.is_fsdp2:
+            raise ValueError(f"credit={self.args.credit!r}: {FSDP1_MESSAGE}")
         self._probe = None
         if self._credit.needs_probe:
             from oar.probe import OutcomeProbe
@@ -213,13 +210,30 @@ class OARGRPOTrainer(GRPOTrainer):
 
     # --- pieces ------------------------------------------------------------------------------------------
     def _token_credit(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> TokenCredit:
-        """This process's token credit of the rollout batch (completions with a non-zero advantage are scored)."""
-        a, m = self.args, self._credit
+        """This process's token credit of the rollout batch (completions with a non-zero advantage are scored).
+
+        A method that reads the policy scores it with its full weights (FSDP2 / ZeRO-3: gathered once for the
+        whole pass, :func:`oar.distributed.full_policy`), and every process makes the same number of scorer
+        calls (light ones add dummy calls), so sharded collectives always pair up.
+        """
+        m = self._credit
+        if not m.needs_policy:
+            return self._credit_with(m, None, inputs, output)
+        if sharding_of(self.model_wrapped) is None:
+            policy_ctx = nullcontext(self.accelerator.unwrap_model(self.model))  # the policy without DDP hooks
+        else:
+            policy_ctx = full_policy(self.model_wrapped)
+        with policy_ctx as policy, equal_scorer_calls(m, policy, self._credit_options) as counted:
+            return self._credit_with(counted, policy, inputs, output)
+
+    def _credit_with(self, m: CreditMethod, model: Any, inputs: list[dict[str, Any]],
+                     output: dict[str, Any]) -> TokenCredit:
+        a = self.args
         adv = output["advantages"]
         batch = CreditBatch(
             prompt_ids=output["prompt_ids"], prompt_mask=output["prompt_mask"],
             completion_ids=output["completion_ids"], completion_mask=output["completion_mask"], advantages=adv,
-            model=self.accelerator.unwrap_model(self.model) if m.needs_policy else None,  # no DDP hooks
+            model=model,
         )
         refs = [str(row[a.reference_column]) for row in inputs] if a.answer_source == "reference" else None
         kwargs = dict(probe=self._probe, references=refs, batch_size=a.oar_batch_size,
@@ -371,3 +385,4 @@ class OARGRPOTrainer(GRPOTrainer):
         if grad_norm is not None and self.args.max_grad_norm and self.args.max_grad_norm > 0:
             logs["oar/grad_clipped"] = float(grad_norm > self.args.max_grad_norm)
         super().log(logs, start_time)
+
