@@ -30,7 +30,7 @@ def test_k_one_is_exact_oar_p(char_tokenizer, model, mode):
     torch.testing.assert_close(guided, exact, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("calibration", ["scale", "below"])
+@pytest.mark.parametrize("calibration", ["scale", "median", "below"])
 def test_top_k_tokens_hold_exact_oar_p_and_the_rest_follow_oar_g(char_tokenizer, model, calibration):
     pb = probe_batch(char_tokenizer)
     r = pb.reasoning_mask
@@ -77,6 +77,9 @@ def test_scale_calibration_recovers_a_proportional_relation_and_clamps_negative_
     # ratio of sums: p = (8, 6) on g = (4, 3) -> s = 14 / 7 = 2, whatever the noise around the line
     out = calibrate(g, torch.tensor([[9.0, 5.0, 0, 0, 0, 0]]), exact_mask, mask, "scale")
     torch.testing.assert_close(out[0, 2:5], torch.tensor([4.0, 2.0, 1.0]))
+    # median of p / g = (2.25, 5/3) -> s = 5/3 (torch's median of an even count is the lower middle value)
+    out = calibrate(g, torch.tensor([[9.0, 5.0, 0, 0, 0, 0]]), exact_mask, mask, "median")
+    torch.testing.assert_close(out[0, 2:5], torch.tensor([2.0, 1.0, 0.5]) * 5 / 3)
     negative = calibrate(g, torch.tensor([[-1.0, -2.0, 0, 0, 0, 0]]), exact_mask, mask, "scale")
     assert (negative[0, 2:] == 0).all() and negative[0, 0] == -1.0  # exact values kept, no inverted rest
 
@@ -88,7 +91,7 @@ def test_below_calibration_places_the_rest_under_every_exact_token():
     out = calibrate(g, torch.tensor([[0.3, 6.0, 0, 0]]), exact_mask, mask, "below")
     # min exact p = 0.3 at the smallest exact g = 3: the rest is g * 0.1, below 0.3 and in OAR-G's order
     torch.testing.assert_close(out, torch.tensor([[0.3, 6.0, 0.2, 0.1]]))
-    with pytest.raises(ValueError, match="unknown calibration 'iso'; valid: scale, below"):
+    with pytest.raises(ValueError, match="unknown calibration 'iso'; valid: scale, median, below"):
         calibrate(g, g, exact_mask, mask, "iso")
 
 

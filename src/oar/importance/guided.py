@@ -9,6 +9,8 @@ tokens (:func:`calibrate`):
 - ``"scale"`` (default): ``p̂ = s · g`` with ``s = Σ p / Σ g`` over the exact tokens (the ratio estimator: a
   line through the origin, since both scores are 0 for a token that does not matter; ``s`` clamped at 0).
   A rest token can rank above an exact token whose OAR-P turned out lower than its OAR-G predicted.
+- ``"median"``: ``p̂ = s · g`` with ``s`` the median of ``p / g`` over the exact tokens (robust to the few
+  tokens that dominate a heavy-tailed ``Σ p``).
 - ``"below"``: ``p̂ = g / g_k · min p``: the rest is placed under every exact token (trusts OAR-G's top-k to
   hold OAR-P's top-k), keeping OAR-G's order among them.
 
@@ -27,7 +29,7 @@ from oar.importance.gradient import gradient_scores
 from oar.importance.perturbation import perturbation_scores
 from oar.reshape import BETA, FLOOR, TAU
 
-CALIBRATIONS = ("scale", "below")
+CALIBRATIONS = ("scale", "median", "below")
 OAR_PAPER = "Outcome-Grounded Advantage Reshaping, arXiv 2601.07408"
 
 
@@ -60,6 +62,11 @@ def calibrate(guide: torch.Tensor, exact: torch.Tensor, exact_mask: torch.Tensor
     if method == "scale":
         g_sum = g.masked_fill(~exact_mask, 0.0).sum(dim=1, keepdim=True)
         s = p.sum(dim=1, keepdim=True) / torch.where(g_sum > 0, g_sum, torch.ones_like(g_sum))
+        rest = g * s.clamp_min(0.0)
+    elif method == "median":
+        usable = exact_mask & (g > 0)
+        ratio = (p / torch.where(usable, g, torch.ones_like(g))).masked_fill(~usable, float("nan"))
+        s = ratio.nanmedian(dim=1, keepdim=True).values.nan_to_num(nan=0.0)
         rest = g * s.clamp_min(0.0)
     else:
         p_min = p.masked_fill(~exact_mask, float("inf")).amin(dim=1, keepdim=True)
@@ -104,7 +111,7 @@ def guided_perturbation_scores(
         k: fraction of each row's reasoning tokens scored exactly, in (0, 1]; ``k = 1`` is exact OAR-P.
         mode: OAR-P's outcome mode (``"last"``, ``"answer_mean"``, ``"answer_joint"``).
         guide_mode / noise_std / generator: OAR-G's mode, embedding noise and random source.
-        calibration: ``"scale"`` or ``"below"`` (:func:`calibrate`).
+        calibration: ``"scale"``, ``"median"`` or ``"below"`` (:func:`calibrate`).
         replace_id / chunk_size: OAR-P's counterfactual token and copies per forward.
 
     Returns:
