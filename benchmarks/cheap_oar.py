@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 
 import torch
+
 from span_correlation import spearman
 
 # (label, credit, options): exact OAR-P first (the reference), then the cheap estimators of it, then OAR-G
@@ -97,8 +98,8 @@ def ranking(n_problems: int, batch_size: int) -> dict:
 
 
 def steps(n_steps: int) -> dict:
-    from oar.lab.run import RunConfig, train_lab
     from oar.files import iter_jsonl
+    from oar.lab.run import RunConfig, train_lab
 
     variants = {"grpo": ("grpo", {}), **{v[0]: (v[1], v[2]) for v in VARIANTS}}
     out = {}
