@@ -30,7 +30,7 @@ def test_k_one_is_exact_oar_p(char_tokenizer, model, mode):
     torch.testing.assert_close(guided, exact, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("calibration", ["scale", "median", "below"])
+@pytest.mark.parametrize("calibration", ["median", "below"])
 def test_top_k_tokens_hold_exact_oar_p_and_the_rest_follow_oar_g(char_tokenizer, model, calibration):
     pb = probe_batch(char_tokenizer)
     r = pb.reasoning_mask
@@ -68,19 +68,19 @@ def test_top_fraction_takes_the_ceiling_of_k_n_highest_per_row():
             top_fraction(scores, mask, bad)
 
 
-def test_scale_calibration_recovers_a_proportional_relation_and_clamps_negative_slopes():
+def test_median_calibration_recovers_a_proportional_relation_and_clamps_negative_slopes():
     g = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.5, 9.0]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)
     exact_mask = torch.tensor([[1, 1, 0, 0, 0, 0]], dtype=torch.bool)
-    out = calibrate(g, 2.5 * g, exact_mask, mask, "scale")
+    out = calibrate(g, 2.5 * g, exact_mask, mask, "median")
     torch.testing.assert_close(out, torch.tensor([[10.0, 7.5, 5.0, 2.5, 1.25, 0.0]]))
-    # ratio of sums: p = (8, 6) on g = (4, 3) -> s = 14 / 7 = 2, whatever the noise around the line
-    out = calibrate(g, torch.tensor([[9.0, 5.0, 0, 0, 0, 0]]), exact_mask, mask, "scale")
-    torch.testing.assert_close(out[0, 2:5], torch.tensor([4.0, 2.0, 1.0]))
-    # median of p / g = (2.25, 5/3) -> s = 5/3 (torch's median of an even count is the lower middle value)
+    # p / g = (2.25, 5/3): s = 5/3 (torch's median of an even count is the lower middle value), so one token
+    # with a large p cannot inflate the rest
     out = calibrate(g, torch.tensor([[9.0, 5.0, 0, 0, 0, 0]]), exact_mask, mask, "median")
     torch.testing.assert_close(out[0, 2:5], torch.tensor([2.0, 1.0, 0.5]) * 5 / 3)
-    negative = calibrate(g, torch.tensor([[-1.0, -2.0, 0, 0, 0, 0]]), exact_mask, mask, "scale")
+    out = calibrate(g, torch.tensor([[900.0, 5.0, 0, 0, 0, 0]]), exact_mask, mask, "median")
+    torch.testing.assert_close(out[0, 2:5], torch.tensor([2.0, 1.0, 0.5]) * 5 / 3)
+    negative = calibrate(g, torch.tensor([[-1.0, -2.0, 0, 0, 0, 0]]), exact_mask, mask, "median")
     assert (negative[0, 2:] == 0).all() and negative[0, 0] == -1.0  # exact values kept, no inverted rest
 
 
@@ -91,7 +91,7 @@ def test_below_calibration_places_the_rest_under_every_exact_token():
     out = calibrate(g, torch.tensor([[0.3, 6.0, 0, 0]]), exact_mask, mask, "below")
     # min exact p = 0.3 at the smallest exact g = 3: the rest is g * 0.1, below 0.3 and in OAR-G's order
     torch.testing.assert_close(out, torch.tensor([[0.3, 6.0, 0.2, 0.1]]))
-    with pytest.raises(ValueError, match="unknown calibration 'iso'; valid: scale, median, below"):
+    with pytest.raises(ValueError, match="unknown calibration 'iso'; valid: median, below"):
         calibrate(g, g, exact_mask, mask, "iso")
 
 
@@ -121,7 +121,7 @@ def test_fewer_perturbed_copies_than_exact_oar_p(char_tokenizer, model):
 
 def test_registered_credit_runs_through_token_credit(char_tokenizer, model):
     m = get_credit("oar-pg")
-    assert (m.needs_policy, m.needs_probe, m.options["k"], m.options["calibration"]) == (True, True, 0.25, "scale")
+    assert (m.needs_policy, m.needs_probe, m.options["k"], m.options["calibration"]) == (True, True, 0.25, "median")
     pb_args = [char_tokenizer(x, add_special_tokens=False)["input_ids"] for x in ("Q1", "Q2")]
     comps = [char_tokenizer(x, add_special_tokens=False)["input_ids"] for x in ("a+b=c so 3\n\\boxed{3}",
                                                                               "5-2=3, 3*2=6\n\\boxed{6}")]

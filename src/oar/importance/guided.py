@@ -6,11 +6,11 @@ ranks the reasoning of each row; only its top ``ceil(k · n)`` tokens are scored
 the other tokens get their OAR-G score mapped onto OAR-P's scale by a per-row map fitted on the exactly scored
 tokens (:func:`calibrate`):
 
-- ``"scale"`` (default): ``p̂ = s · g`` with ``s = Σ p / Σ g`` over the exact tokens (the ratio estimator: a
-  line through the origin, since both scores are 0 for a token that does not matter; ``s`` clamped at 0).
-  A rest token can rank above an exact token whose OAR-P turned out lower than its OAR-G predicted.
-- ``"median"``: ``p̂ = s · g`` with ``s`` the median of ``p / g`` over the exact tokens (robust to the few
-  tokens that dominate a heavy-tailed ``Σ p``).
+- ``"median"`` (default): ``p̂ = s · g``, ``s`` the median of ``p / g`` over the exact tokens (a line through
+  the origin, since both scores are 0 for a token that does not matter; the median, because a few tokens
+  dominate OAR-P's heavy-tailed sum: the ratio of sums scored the lab's pivotal tokens *below chance*, AUC
+  0.48, see docs/importance.md). A rest token can rank above an exact token whose OAR-P is lower than its
+  OAR-G predicted.
 - ``"below"``: ``p̂ = g / g_k · min p``: the rest is placed under every exact token (trusts OAR-G's top-k to
   hold OAR-P's top-k), keeping OAR-G's order among them.
 
@@ -29,7 +29,7 @@ from oar.importance.gradient import gradient_scores
 from oar.importance.perturbation import perturbation_scores
 from oar.reshape import BETA, FLOOR, TAU
 
-CALIBRATIONS = ("scale", "median", "below")
+CALIBRATIONS = ("median", "below")
 OAR_PAPER = "Outcome-Grounded Advantage Reshaping, arXiv 2601.07408"
 
 
@@ -47,9 +47,9 @@ def top_fraction(scores: torch.Tensor, mask: torch.Tensor, k: float) -> torch.Te
 
 
 def calibrate(guide: torch.Tensor, exact: torch.Tensor, exact_mask: torch.Tensor, mask: torch.Tensor,
-              method: str = "scale") -> torch.Tensor:
+              method: str = "median") -> torch.Tensor:
     """Scores ``[B, L]``: ``exact`` where ``exact_mask``, ``guide`` mapped per row onto ``exact``'s scale on the
-    rest of ``mask`` (see the module docstring for ``"scale"`` / ``"below"``), 0 outside ``mask``.
+    rest of ``mask`` (see the module docstring for ``"median"`` / ``"below"``), 0 outside ``mask``.
 
     Args:
         guide: ``[B, L]`` non-negative guide scores (OAR-G). exact: ``[B, L]`` exact scores (OAR-P), read on
@@ -59,11 +59,7 @@ def calibrate(guide: torch.Tensor, exact: torch.Tensor, exact_mask: torch.Tensor
         raise ValueError(f"unknown calibration {method!r}; valid: {', '.join(CALIBRATIONS)}")
     g = guide.float().masked_fill(~mask, 0.0)
     p = exact.float().masked_fill(~exact_mask, 0.0)
-    if method == "scale":
-        g_sum = g.masked_fill(~exact_mask, 0.0).sum(dim=1, keepdim=True)
-        s = p.sum(dim=1, keepdim=True) / torch.where(g_sum > 0, g_sum, torch.ones_like(g_sum))
-        rest = g * s.clamp_min(0.0)
-    elif method == "median":
+    if method == "median":
         usable = exact_mask & (g > 0)
         ratio = (p / torch.where(usable, g, torch.ones_like(g))).masked_fill(~usable, float("nan"))
         s = ratio.nanmedian(dim=1, keepdim=True).values.nan_to_num(nan=0.0)
@@ -86,7 +82,7 @@ def calibrate(guide: torch.Tensor, exact: torch.Tensor, exact_mask: torch.Tensor
     paper=f"extension of this project on {OAR_PAPER} (OAR-P guided by OAR-G)",
     summary="OAR-P exactly on OAR-G's top-k tokens, the rest OAR-G mapped onto OAR-P's scale per row, "
             "Bi-Level weights",
-    options={"k": 0.25, "mode": "last", "guide_mode": "answer_mean", "noise_std": 1e-3, "calibration": "scale",
+    options={"k": 0.25, "mode": "last", "guide_mode": "answer_mean", "noise_std": 1e-3, "calibration": "median",
              "replace_id": None, "chunk_size": 16, "tau": TAU, "beta": BETA, "floor": FLOOR},
 )
 def guided_perturbation_scores(
@@ -99,7 +95,7 @@ def guided_perturbation_scores(
     mode: str = "last",
     guide_mode: str = "answer_mean",
     noise_std: float = 1e-3,
-    calibration: str = "scale",
+    calibration: str = "median",
     replace_id: int | None = None,
     chunk_size: int = 16,
     generator: torch.Generator | None = None,
@@ -111,7 +107,7 @@ def guided_perturbation_scores(
         k: fraction of each row's reasoning tokens scored exactly, in (0, 1]; ``k = 1`` is exact OAR-P.
         mode: OAR-P's outcome mode (``"last"``, ``"answer_mean"``, ``"answer_joint"``).
         guide_mode / noise_std / generator: OAR-G's mode, embedding noise and random source.
-        calibration: ``"scale"``, ``"median"`` or ``"below"`` (:func:`calibrate`).
+        calibration: ``"median"`` or ``"below"`` (:func:`calibrate`).
         replace_id / chunk_size: OAR-P's counterfactual token and copies per forward.
 
     Returns:
