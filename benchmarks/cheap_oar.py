@@ -4,7 +4,8 @@
 (``oar.lab.warmstart.warm_start``), every variant runs through :func:`oar.credit.token_credit` (as in training)
 and is compared with exact OAR-P: per-completion Spearman over all reasoning tokens and over the tokens the
 variant boosts (Bi-Level weight > 1), the fidelity AUC of pivotal tokens over filler / over the rest
-(:func:`oar.lab.fidelity.pairwise_auc`, as ``oar.lab.fidelity.attribution_fidelity``) and the scorer's wall and process CPU seconds (one torch thread: the CPU seconds hold up on a shared machine).
+(:func:`oar.lab.fidelity.pairwise_auc`, as ``oar.lab.fidelity.attribution_fidelity``) and the scorer's wall and
+process CPU seconds (one torch thread: the CPU seconds hold up on a shared machine).
 
 ``--part steps``: mean step time of the lab trainer (``oar.lab.run.train_lab``, the lab's RL recipe) per variant
 over a few steps (first dropped), next to GRPO's, with the importance pass's share.
