@@ -18,6 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
     p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
     p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 1)")
+    p.add_argument("--regime", help="task regime: default, terse, long, distract, verbose (oar.lab.regimes)")
     p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
     p.add_argument("--resume", action="store_true",
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
-                      verbosity=args.verbosity, workers=args.workers, resume=args.resume)
+                      verbosity=args.verbosity, workers=args.workers, resume=args.resume, regime=args.regime)
     from oar.lab.compare import markdown_table
 
     print(markdown_table(results))

@@ -221,11 +221,12 @@ def compare(
     out_dir: str | Path, preset: str = "default", credits: tuple[str, ...] | None = None,
     seeds: int | None = None, budget_s: float | None = None, verbosity: int | None = None, workers: int = 2,
     warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None, report: bool = True,
-    run_overrides: dict | None = None, resume: bool = False,
+    run_overrides: dict | None = None, resume: bool = False, regime: str | None = None,
 ) -> dict:
     """Run every (credit, seed) of ``preset`` (overridden by the arguments) and write the results.
 
     ``run_overrides``: extra :class:`RunConfig` fields applied to every run (e.g. ``{"lr": 3e-4}``).
+    ``regime``: task overrides of :data:`oar.lab.regimes.REGIMES` (applied before ``verbosity``).
     ``resume``: keep the finished runs already in ``out_dir`` whose configuration is the one this call would
     run (an interrupted comparison continues where it stopped); every other run is trained from the start.
 
@@ -241,6 +242,10 @@ def compare(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     warm = warm or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
+    if regime is not None:
+        from oar.lab.regimes import apply_regime
+
+        warm = apply_regime(warm, regime)
     if verbosity is not None:
         warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
     out = Path(out_dir)
