@@ -7,8 +7,9 @@ variant boosts (Bi-Level weight > 1), the fidelity AUC of pivotal tokens over fi
 (:func:`oar.lab.fidelity.pairwise_auc`, as ``oar.lab.fidelity.attribution_fidelity``) and the scorer's wall and
 process CPU seconds (one torch thread: the CPU seconds hold up on a shared machine).
 
-``--part steps``: mean step time of the lab trainer (``oar.lab.run.train_lab``, the lab's RL recipe) per variant
-over a few steps (first dropped), next to GRPO's, with the importance pass's share.
+``--part steps``: median step time of the lab trainer (``oar.lab.run.train_lab``, the lab's RL recipe) per variant
+over a few steps (first dropped), wall and process CPU seconds of ``training_step`` (generation, scoring, loss
+forward/backward), next to GRPO's, with the scoring share.
 
     OMP_NUM_THREADS=1 python benchmarks/cheap_oar.py --part ranking [--problems 128] [--out FILE]
     OMP_NUM_THREADS=1 python benchmarks/cheap_oar.py --part steps [--steps 6] [--out FILE]
@@ -97,27 +98,52 @@ def ranking(n_problems: int, batch_size: int) -> dict:
     return {"warm_start": path.name, "problems": len(problems), "reasoning_tokens": n_tokens, "results": out}
 
 
+def _cpu_timed(cls: type, name: str, sink: list[float]) -> None:
+    """Wrap ``cls.name`` so each call appends its process CPU seconds to ``sink`` (one torch thread: robust to
+    other load on the machine, unlike wall time)."""
+    fn = getattr(cls, name)
+
+    def timed(self, *args, **kwargs):
+        c0 = time.process_time()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            sink.append(time.process_time() - c0)
+
+    setattr(cls, name, timed)
+
+
 def steps(n_steps: int) -> dict:
     from oar.files import iter_jsonl
     from oar.lab.run import RunConfig, train_lab
+    from oar.trainer import OARGRPOTrainer
 
+    step_cpu: list[float] = []
+    score_cpu: list[float] = []
+    _cpu_timed(OARGRPOTrainer, "training_step", step_cpu)  # generation + scoring + loss forward/backward
+    _cpu_timed(OARGRPOTrainer, "_token_credit", score_cpu)
     variants = {"grpo": ("grpo", {}), **{v[0]: (v[1], v[2]) for v in VARIANTS}}
     out = {}
     for label in STEP_VARIANTS:
         credit, options = variants[label]
         cfg = RunConfig(credit=credit, max_steps=n_steps, budget_s=1e9, eval_every=10_000, eval_problems=8,
                         eval_k=1, oar={"credit_options": options} if options else {})
+        step_cpu.clear()
+        score_cpu.clear()
         with tempfile.TemporaryDirectory() as tmp:
             train_lab(cfg, tmp)
             rows = [r for _, r in iter_jsonl(f"{tmp}/metrics.jsonl") if "step_time" in r][1:]
-        out[label] = {"step_time": statistics.mean(r["step_time"] for r in rows),
-                      "importance_time": statistics.mean(r.get("oar/importance_time", 0.0) for r in rows)}
+        out[label] = {"step_time": statistics.median(r["step_time"] for r in rows),
+                      "importance_time": statistics.median(r.get("oar/importance_time", 0.0) for r in rows),
+                      "cpu_step": statistics.median(step_cpu[1:]),
+                      "cpu_scoring": statistics.median(score_cpu[1:]) if len(score_cpu) > 1 else 0.0}
         print(label, out[label], flush=True)
-    ref = out["grpo"]["step_time"]
+    ref, cpu_ref = out["grpo"]["step_time"], out["grpo"]["cpu_step"]
     for r in out.values():
         r["x_grpo"] = round(r["step_time"] / ref, 2)
-        r["importance_share"] = round(r["importance_time"] / r["step_time"], 3)
-    return {"steps_timed": n_steps - 1, "results": out}
+        r["cpu_x_grpo"] = round(r["cpu_step"] / cpu_ref, 2)
+        r["cpu_scoring_share"] = round(r["cpu_scoring"] / r["cpu_step"], 3)
+    return {"steps_timed": n_steps - 1, "statistic": "median", "results": out}
 
 
 def main() -> None:
