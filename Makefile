@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup compare test lint bench clean test-verl gpu-verl
+.PHONY: setup compare test lint bench gpu-check clean test-verl gpu-verl
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -50,3 +50,7 @@ gpu-verl: $(VERL_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache
+
+# one GPU, < 8 minutes: GRPO step and OAR scorers at Qwen2.5-1.5B's shape (runs/gpu_check.json/.md); CPU: --smoke
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --out runs/gpu_check

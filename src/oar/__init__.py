@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "ProbeBatch": "oar.probe",
     "perturbation_scores": "oar.importance",
     "perturbation_scores_naive": "oar.importance",
+    "guided_perturbation_scores": "oar.importance.guided",
     "gradient_scores": "oar.importance",
     "uniform_scores": "oar.importance",
     "random_scores": "oar.importance",
