@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from oar.cli import main
-from oar.lab.compare import PRESETS, compare, markdown_table, mean_ci, summarize, t_quantile
+from oar.lab.compare import PRESETS, compare, credit_column, markdown_table, mean_ci, summarize, t_quantile
 from oar.lab.model import ModelConfig
+from oar.lab.run import LabCallback, RunConfig
 from oar.lab.task import TaskConfig
 from oar.lab.warmstart import WarmStartConfig
 
@@ -111,3 +114,35 @@ def test_tiny_end_to_end_compare(tmp_path):
     compare(tmp_path / "out", preset="quick", credits=("grpo",), seeds=1, budget_s=2, workers=1, warm=warm,
             cache_dir=tmp_path / "cache", report=False, run_overrides=overrides, resume=True)
     assert (tmp_path / "out" / "grpo-s0" / "summary.json").stat().st_mtime_ns != stamp["grpo"]
+
+    # a column with options trains that credit with them, in its own run directory
+    compare(tmp_path / "out", preset="quick", credits=("oar-g@beta=2",), seeds=1, budget_s=2, workers=1, warm=warm,
+            cache_dir=tmp_path / "cache", report=False, run_overrides=overrides)
+    meta = json.loads((tmp_path / "out" / "oar-g@beta=2-s0" / "run.json").read_text())
+    assert meta["credit"] == "oar-g" and meta["lab"]["oar"] == {"credit_options": {"beta": 2}}
+
+
+def test_credit_columns_carry_their_options_and_name_bad_ones():
+    assert credit_column("oar-g") == ("oar-g", {})
+    assert credit_column("OAR-G@beta=2&tau=0.5") == ("oar-g", {"beta": 2, "tau": 0.5})
+    assert credit_column("oar-p@mode=last") == ("oar-p", {"mode": "last"})
+    with pytest.raises(ValueError, match="gamma"):
+        credit_column("oar-g@gamma=1")
+    with pytest.raises(ValueError, match="'beta'"):
+        credit_column("oar-g@beta")
+    with pytest.raises(ValueError, match="'ppo'"):
+        credit_column("ppo@beta=2")
+
+
+@pytest.mark.parametrize("clock, stops", [("cpu", False), ("wall", True)])
+def test_the_cpu_clock_does_not_count_time_the_run_waits(clock, stops):
+    """A step that only waits (another job holds the core) spends wall-clock time but no CPU time."""
+    cb = LabCallback({}, evaluate=lambda step: {}, budget_s=0.15, eval_every=1000, clock=clock)
+    state, control = SimpleNamespace(global_step=1), SimpleNamespace(should_training_stop=False)
+    cb.on_step_begin(None, state, control)
+    time.sleep(0.3)
+    cb.on_step_end(None, state, control)
+    assert control.should_training_stop is stops
+    assert (cb.train_s >= 0.3) is stops
+    with pytest.raises(ValueError, match="'gpu'"):
+        RunConfig(clock="gpu")

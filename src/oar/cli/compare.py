@@ -13,10 +13,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--study", action="store_const", dest="preset", const="study",
                       help="6 seeds, 3 credits, 300 s per run (about 52 minutes on 2 cores)")
     p.set_defaults(preset="default", func=run)
-    p.add_argument("--credits", help="comma-separated credit methods or controls, e.g. grpo,oar-g,shuffle:oar-g "
+    p.add_argument("--credits", help="comma-separated credit methods or controls, e.g. grpo,oar-g,shuffle:oar-g, "
+                   "each optionally with options as its own column, e.g. oar-g@beta=2 or oar-g@tau=0.5&beta=2 "
                    "(registered: oar.credit.credit_names(); default: the preset's)")
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
     p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
+    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                   help="how a run's training seconds are counted: its process's CPU time (default; unaffected by "
+                   "other jobs on the machine) or wall-clock time")
     p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 1)")
     p.add_argument("--regime", help="task regime: default, terse, long, distract, verbose (oar.lab.regimes)")
     p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")
@@ -32,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
-                      verbosity=args.verbosity, workers=args.workers, resume=args.resume, regime=args.regime)
+                      verbosity=args.verbosity, workers=args.workers, resume=args.resume, regime=args.regime,
+                      run_overrides={"clock": args.clock})
     from oar.lab.compare import markdown_table
 
     print(markdown_table(results))

@@ -48,6 +48,23 @@ PRESETS: dict[str, ComparePreset] = {
 }
 
 
+def credit_column(spec: str) -> tuple[str, dict]:
+    """A comparison column ``NAME`` or ``NAME@OPT=VALUE&OPT=VALUE`` (e.g. ``oar-g@beta=2``): the credit and its
+    options (values parsed as JSON, else kept as text). ValueError naming an unknown credit or option."""
+    name, _, opts = spec.strip().partition("@")
+    options = {}
+    for pair in filter(None, opts.split("&")):
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"credit column {spec!r}: expected OPT=VALUE after '@', got {pair!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value.strip()
+    get_credit(name).check_options(options)  # ValueError naming an unknown credit or option
+    return name.strip().lower(), options
+
+
 def t_quantile(df: int) -> float:
     """Two-sided 95% Student-t quantile for ``df`` degrees of freedom (tabulated, conservative between rows)."""
     if df < 1:
@@ -266,7 +283,8 @@ def compare(
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
-    credits = tuple(get_credit(c).name for c in (credits or p.credits))  # ValueError listing registered ones
+    columns = {c.strip().lower(): credit_column(c) for c in (credits or p.credits)}  # ValueError naming the bad one
+    credits = tuple(columns)
     seeds = p.seeds if seeds is None else seeds
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
@@ -290,7 +308,10 @@ def compare(
     jobs, dirs = [], {}
     for seed in range(seeds):  # seed-major: the credits of one seed run side by side on the cores
         for c in credits:
-            cfg, run_dir = replace(base, credit=c, seed=seed), out / f"{c}-s{seed}"
+            name, options = columns[c]
+            cfg = replace(base, credit=name, seed=seed,
+                          oar={**base.oar, "credit_options": options} if options else base.oar)
+            run_dir = out / f"{c}-s{seed}"
             dirs[(c, seed)] = run_dir
             if not (resume and finished_run(run_dir, cfg)):
                 jobs.append((cfg, str(run_dir), str(cache_dir) if cache_dir else None))
