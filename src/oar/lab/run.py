@@ -31,6 +31,8 @@ class RunConfig:
     ``eval_problems`` held-out problems × ``eval_k`` samples at ``temperature`` give ``eval/accuracy``.
     ``max_completion_length`` (tokens) defaults to room for the task's longest worked solution.
     ``freeze_embeddings``: keep the input embeddings fixed during RL (with a tied head this freezes it too).
+    ``gradient_checkpointing``: off (TRL turns it on by default; a 0.25 M-parameter model does not need it, and
+    a GRPO step takes 0.97 s instead of 1.10 s without it, docs/lab.md).
     """
 
     credit: str = "grpo"
@@ -45,6 +47,7 @@ class RunConfig:
     adam_beta2: float = 0.99
     loss_type: str = "dr_grpo"
     freeze_embeddings: bool = True
+    gradient_checkpointing: bool = False
     max_completion_length: int | None = None  # None: the task's longest solution + 8 tokens
     budget_s: float = 120.0
     clock: str = "cpu"
@@ -138,7 +141,8 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         max_completion_length=max_len, temperature=cfg.temperature, top_k=0, top_p=1.0,
         learning_rate=cfg.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, adam_beta2=cfg.adam_beta2, beta=0.0, loss_type=cfg.loss_type,
-        max_steps=cfg.max_steps, logging_steps=1, save_strategy="no", report_to="none",
+        gradient_checkpointing=cfg.gradient_checkpointing, max_steps=cfg.max_steps, logging_steps=1,
+        save_strategy="no", report_to="none",
         disable_tqdm=True, dataloader_num_workers=0, conclude_text="\\boxed{", **cfg.oar,
     )
     cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg)},
