@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from oar.cli.parser import OneLineParser
+
 # subcommand name -> module exposing ``register(subparsers)`` (which sets ``func`` on its parser)
 SUBCOMMANDS: dict[str, str] = {
     "doctor": "oar.cli.doctor",
@@ -19,7 +21,8 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oar", description="Outcome-grounded Advantage Reshaping for GRPO.")
+    parser = OneLineParser(prog="oar", description="Outcome-grounded Advantage Reshaping for GRPO.")
+    # argparse errors are one line naming the value (oar.cli.parser); subcommand parsers share the class
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS.values():
         importlib.import_module(module).register(subparsers)

@@ -21,9 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from oar.cli.parser import one_line_errors
     from oar.training import parse_train_args, run_training
 
-    script_args, config = parse_train_args(args.argv)
+    with one_line_errors():  # TRL's parser, built in oar.training, reports a bad option in one line too
+        script_args, config = parse_train_args(args.argv)
     summary = run_training(script_args, config)
     print("oar train: done")
     print(json.dumps(summary, indent=2))
