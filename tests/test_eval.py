@@ -21,7 +21,7 @@ from oar.eval import (
     format_table,
     load_benchmark,
     pass_at_k,
-    summarize,
+    summarize_benchmark,
     wilson_interval,
 )
 from oar.eval.generation import HFGenerator, vllm_available
@@ -102,9 +102,9 @@ def test_wilson_interval():
 
 
 def test_summarize_greedy_and_sampled():
-    greedy = summarize([[True], [False], [False], [True]])
+    greedy = summarize_benchmark([[True], [False], [False], [True]])
     assert set(greedy) == {"accuracy"} and greedy["accuracy"]["mean"] == 0.5
-    sampled = summarize([[True, False, False, False], [False] * 4, [True] * 4])
+    sampled = summarize_benchmark([[True, False, False, False], [False] * 4, [True] * 4])
     assert set(sampled) == {"avg@4", "pass@1", "pass@2", "pass@4"}
     assert math.isclose(sampled["avg@4"]["mean"], 5 / 12)
     assert math.isclose(sampled["pass@1"]["mean"], sampled["avg@4"]["mean"])
@@ -113,7 +113,7 @@ def test_summarize_greedy_and_sampled():
     lo, hi = sampled["pass@4"]["ci95"]
     assert 0 <= lo < 2 / 3 < hi <= 1
     with pytest.raises(ValueError, match="same"):
-        summarize([[True], [True, False]])
+        summarize_benchmark([[True], [True, False]])
 
 
 # ---------------------------------------------------------------------------------------------- prompting

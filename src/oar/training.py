@@ -24,9 +24,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from oar.files import atomic_write, read_jsonl
+from oar.prompts import PROMPT_TEMPLATE, check_template, fill_template
 from oar.trainer import OARConfig
 
-DEFAULT_PROMPT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 FINAL_STAGING = ".model-staging"
 
@@ -50,7 +50,7 @@ class TrainArguments:
         default="answer", metadata={"help": "Column with the gold answer (a boxed solution or '#### n' is fine)."}
     )
     prompt_template: str = field(
-        default=DEFAULT_PROMPT_TEMPLATE, metadata={"help": "Prompt text; '{prompt}' is replaced by the problem."}
+        default=PROMPT_TEMPLATE, metadata={"help": "Prompt text; '{question}' is replaced by the problem."}
     )
     conversational: str = field(
         default="auto",
@@ -75,8 +75,7 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
     script_args, config = parser.parse_args_and_config(args=argv)
     if script_args.conversational not in ("auto", "true", "false"):
         raise ValueError(f"conversational must be 'auto', 'true' or 'false', got {script_args.conversational!r}")
-    if "{prompt}" not in script_args.prompt_template:
-        raise ValueError(f"prompt_template must contain '{{prompt}}', got {script_args.prompt_template!r}")
+    check_template(script_args.prompt_template)
     return script_args, config
 
 
@@ -99,7 +98,7 @@ def load_train_dataset(
     source: str,
     prompt_column: str = "problem",
     answer_column: str = "answer",
-    prompt_template: str = "{prompt}",
+    prompt_template: str = "{question}",
     conversational: bool = False,
     split: str = "train",
     config_name: str | None = None,
@@ -133,7 +132,7 @@ def load_train_dataset(
         ds = ds.select(range(min(max_samples, len(ds))))
 
     def convert(row: dict[str, Any]) -> dict[str, Any]:
-        text = prompt_template.replace("{prompt}", str(row[prompt_column]))
+        text = fill_template(prompt_template, str(row[prompt_column]))
         prompt = [{"role": "user", "content": text}] if conversational else text
         return {"prompt": prompt, "answer": _gold(row[answer_column])}
 
@@ -300,10 +299,10 @@ def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=No
     result = trainer.train(resume_from_checkpoint=checkpoint)
     save_final_model(trainer, config.output_dir)
     records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
-    return summarize(records, result.metrics, config, checkpoint)
+    return summarize_run(records, result.metrics, config, checkpoint)
 
 
-def summarize(records: list[dict[str, Any]], train_metrics: dict[str, Any], config: OARConfig,
+def summarize_run(records: list[dict[str, Any]], train_metrics: dict[str, Any], config: OARConfig,
               resumed_from: str | None = None) -> dict[str, Any]:
     """Final numbers of a run from its ``metrics.jsonl`` records and TRL's ``train()`` metrics."""
 

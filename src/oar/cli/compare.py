@@ -21,18 +21,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
     p.add_argument("--resume", action="store_true",
                    help="keep finished runs in --out that have the same configuration (continue an interrupted run)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the libraries' own warnings, logs and progress bars (hidden by default)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
     from oar.lab.compare import compare
+    from oar.lab.summary import terminal_summary
 
     credits = tuple(c.strip() for c in args.credits.split(",") if c.strip()) if args.credits else None
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
-                      verbosity=args.verbosity, workers=args.workers, resume=args.resume)
-    from oar.lab.compare import markdown_table
-
-    print(markdown_table(results))
-    print(f"wrote {args.out}/results.json and results.md ({results['wall_seconds'] / 60:.1f} min)")
+                      verbosity=args.verbosity, workers=args.workers, resume=args.resume, verbose=args.verbose)
+    console = Console()
+    console.print()
+    console.print(terminal_summary(results))
+    out = Path(args.out)
+    console.print(f"\nfinished in {results['wall_seconds'] / 60:.1f} min; wrote", highlight=False)
+    for name, what in (("results.md", "the full results table"), ("results.json", "every number, per run"),
+                       ("report.md", "key figures and every metric's curve")):
+        if (out / name).is_file():
+            console.print(f"  {out / name}  ({what})", highlight=False, soft_wrap=True)
     return 0

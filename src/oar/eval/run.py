@@ -16,7 +16,7 @@ from typing import Any
 
 from oar.eval.benchmarks import Problem, load_benchmark, parse_benchmarks
 from oar.eval.generation import DEFAULT_PROMPT, HFGenerator, VLLMGenerator, build_prompt, check_template
-from oar.eval.metrics import summarize
+from oar.eval.metrics import summarize_benchmark
 from oar.files import atomic_write
 from oar.grading import extract_answer, grade_answers
 
@@ -235,7 +235,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
         answered = sum(r["extracted"] is not None for rs in recs for r in rs) / (len(ps) * config.samples)
         summary["benchmarks"][name] = {
             "problems": len(ps),
-            "metrics": summarize([[r["correct"] for r in rs] for rs in recs]),
+            "metrics": summarize_benchmark([[r["correct"] for r in rs] for rs in recs]),
             "answered": answered,
         }
     summary["wall_s"] = time.perf_counter() - t0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from oar.lab.task import FILLER, PIVOTAL, STRUCTURE, Problem
+from oar.lab.task import FILLER, PIVOTAL, STRUCTURE, LabProblem
 from oar.reshape import bilevel_weights
 
 FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random")
@@ -28,7 +28,7 @@ def pairwise_auc(scores: torch.Tensor, positive: torch.Tensor, negative: torch.T
     return auc.masked_fill(n == 0, float("nan"))
 
 
-def lab_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
+def lab_batch(tokenizer, problems: list[LabProblem]) -> dict[str, torch.Tensor]:
     """Rollout-layout tensors of the worked solutions: left-padded ``prompt_ids/prompt_mask [B, P]``,
     right-padded ``completion_ids/completion_mask [B, T]`` (completion + eos) and ``labels [B, T]``
     (task label per token, -1 on eos and padding)."""
@@ -46,7 +46,7 @@ def lab_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
 
 
 def attribution_fidelity(
-    model, tokenizer, problems: list[Problem], scorers: tuple[str, ...] = FIDELITY_SCORERS,
+    model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...] = FIDELITY_SCORERS,
     conclude: str = "\\boxed{", batch_size: int = 32, seed: int = 0,
 ) -> dict[str, dict[str, float]]:
     """AUC of each scorer for ranking pivotal reasoning tokens (operands, intermediate results) above

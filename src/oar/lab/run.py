@@ -60,11 +60,15 @@ class LabCallback(RunDirCallback):
     """The run directory of :class:`oar.training.RunDirCallback`, plus held-out evaluation every ``eval_every``
     steps (merged into that step's record; step 0 before training) and a stop once ``budget_s`` training seconds
     have passed. ``wall_time`` counts training seconds only; ``eval_time`` the evaluation seconds so far.
+    ``report``: called with ``{"step", "done", "s_per_step"}`` after every step (``done``: share of the budget used,
+    0..1) and with ``{"accuracy"}`` after every evaluation; the live view of ``oar compare`` draws them.
     """
 
-    def __init__(self, run_info: dict, evaluate: Callable[[int], dict], budget_s: float, eval_every: int) -> None:
+    def __init__(self, run_info: dict, evaluate: Callable[[int], dict], budget_s: float, eval_every: int,
+                 max_steps: int | None = None, report: Callable[..., None] | None = None) -> None:
         super().__init__(run_info)
         self._evaluate, self.budget_s, self.eval_every = evaluate, budget_s, eval_every
+        self.max_steps, self.report = max_steps, report or (lambda **fields: None)
         self.train_s = self.eval_s = 0.0
         self.t_step = 0.0
         self.pending: dict = {}
@@ -76,6 +80,7 @@ class LabCallback(RunDirCallback):
         t0 = time.perf_counter()
         out = {f"eval/{k}": v for k, v in self._evaluate(step).items()}
         self.eval_s += time.perf_counter() - t0
+        self.report(step=step, accuracy=out.get("eval/accuracy"))
         return out
 
     def on_train_begin(self, args, state, control, **kw):
@@ -89,6 +94,9 @@ class LabCallback(RunDirCallback):
         self.train_s += time.perf_counter() - self.t_step
         if self.train_s >= self.budget_s:
             control.should_training_stop = True
+        step = state.global_step
+        self.report(step=step, s_per_step=self.train_s / max(step, 1),
+                    done=max(self.train_s / self.budget_s, step / self.max_steps if self.max_steps else 0.0))
         if state.global_step % self.eval_every == 0 or control.should_training_stop:
             self.pending.update(self.evaluate(state.global_step))
 
@@ -99,10 +107,12 @@ class LabCallback(RunDirCallback):
         super().on_log(args, state, control, logs=logs, **kw)
 
 
-def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None) -> dict:
+def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None,
+              report: Callable[..., None] | None = None) -> dict:
     """Train one (credit, seed) run into ``run_dir`` (run.json, metrics.jsonl, summary.json); returns the summary.
 
-    Uses ``oar.trainer.OARGRPOTrainer`` (``credit="grpo"`` is TRL's GRPO). One torch thread.
+    Uses ``oar.trainer.OARGRPOTrainer`` (``credit="grpo"`` is TRL's GRPO). One torch thread. ``report``: the
+    progress hook of :class:`LabCallback` (keyword fields ``step``, ``done``, ``s_per_step``, ``accuracy``).
     """
     from datasets import Dataset
     from transformers import PrinterCallback
@@ -133,7 +143,7 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg)},
                      lambda step: accuracy(model, tok, test, k=cfg.eval_k, temperature=cfg.temperature,
                                            max_new_tokens=max_len, seed=1000 + step),
-                     cfg.budget_s, cfg.eval_every)
+                     cfg.budget_s, cfg.eval_every, cfg.max_steps, report)
     trainer = OARGRPOTrainer(model=model, args=args, processing_class=tok, reward_funcs=lab_reward,
                              train_dataset=ds, callbacks=[cb])
     trainer.remove_callback(PrinterCallback)

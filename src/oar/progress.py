@@ -1,0 +1,158 @@
+"""What ``oar`` shows while it works, drawn with ``rich``: one live table for many runs (``oar compare``, the warm
+start included), and one step line for a single loop (``oar train``, ``oar eval``).
+
+A run reports progress as plain dicts (``{"run": name, "step": ..., "done": ..., "accuracy": ...}``), so a worker
+process can send them through a queue; :class:`RunTable` folds them into its rows. Imports only ``rich``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+def format_duration(seconds: float | None) -> str:
+    """``75`` -> ``"1:15"``, ``3725`` -> ``"1:02:05"``; ``None`` -> ``"–"``."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "–"
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+@dataclass
+class RunRow:
+    """One line of the live table.
+
+    ``done``: share of the run's budget used, 0..1; ``accuracy``: latest held-out accuracy (0..1);
+    ``s_per_step``: training seconds per update; ``note``: a short free text (e.g. the SFT loss).
+    """
+
+    name: str
+    status: str = "queued"  # queued | running | done | cached | failed
+    step: int = 0
+    total: int | None = None  # steps, when the run counts steps rather than seconds
+    done: float = 0.0
+    accuracy: float | None = None
+    s_per_step: float | None = None
+    note: str = ""
+    started: float | None = None  # time.monotonic() at the first report
+    ended: float | None = None
+
+
+@dataclass
+class RunTable:
+    """Live state of a set of runs, ``workers`` at a time; renders as a ``rich`` table with an overall ETA.
+
+    ``update(run=name, **fields)`` takes one progress report; an unknown name adds a row that is shown but
+    not counted in the ETA (a stage such as the warm start).
+    """
+
+    names: list[str]
+    workers: int = 1
+    title: str = ""
+    rows: dict[str, RunRow] = field(default_factory=dict)
+    t0: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        for name in self.names:
+            self.rows.setdefault(name, RunRow(name))
+
+    def update(self, run: str, **fields) -> None:
+        row = self.rows.setdefault(run, RunRow(run))
+        now = time.monotonic()
+        if row.started is None and fields.get("status", "running") == "running":
+            row.started = now
+        if row.status == "queued" and "status" not in fields:
+            row.status = "running"
+        for key, value in fields.items():
+            setattr(row, key, value)
+        if row.status in ("done", "cached", "failed"):
+            row.ended = row.ended or now
+            if row.status != "failed":
+                row.done = 1.0
+
+    def eta_s(self) -> float | None:
+        """Seconds until every run has ended: the work left (each unfinished run projected from the runs seen so
+        far, measured in wall seconds) spread over ``workers``; None before any run has used 5% of its budget."""
+        now = time.monotonic()
+        runs = [self.rows[n] for n in self.names]  # the runs, not the stages before them (the warm start)
+        lengths = [r.ended - r.started for r in runs if r.status == "done" and r.started is not None]
+        lengths += [(now - r.started) / r.done for r in runs if r.status == "running" and r.started is not None
+                    and r.done >= 0.05]
+        if not lengths:
+            return None
+        length = sum(lengths) / len(lengths)
+        left = 0.0
+        for r in runs:
+            if r.status == "queued":
+                left += length
+            elif r.status == "running" and r.started is not None:
+                projected = (now - r.started) / r.done if r.done >= 0.05 else length
+                left += max(projected - (now - r.started), 0.0)
+        return left / max(1, min(self.workers, sum(r.status in ("queued", "running") for r in runs) or 1))
+
+    def __rich__(self):
+        from rich.table import Table
+
+        table = Table(title=self.title or None, title_justify="left", box=None, pad_edge=False, expand=False)
+        for name, justify in (("run", "left"), ("", "left"), ("step", "right"), ("budget", "right"),
+                              ("held-out acc", "right"), ("s/step", "right"), ("", "left")):
+            table.add_column(name, justify=justify, no_wrap=True)
+        for r in self.rows.values():
+            step = f"{r.step}/{r.total}" if r.total else (str(r.step) if r.status != "queued" else "")
+            table.add_row(
+                r.name, _STATUS.get(r.status, r.status), step, _bar(r.done) if r.status != "queued" else "",
+                f"{100 * r.accuracy:.1f}%" if r.accuracy is not None else "",
+                f"{r.s_per_step:.2f}" if r.s_per_step else "", r.note,
+            )
+        eta = self.eta_s()
+        ended = sum(self.rows[n].status in ("done", "cached") for n in self.names)
+        table.caption = (f"{ended}/{len(self.names)} runs done · elapsed {format_duration(time.monotonic() - self.t0)}"
+                         + (f" · ETA {format_duration(eta)}" if eta is not None and ended < len(self.names) else ""))
+        table.caption_justify = "left"
+        return table
+
+
+_STATUS = {"queued": "[dim]queued[/]", "running": "[yellow]running[/]", "done": "[green]done[/]",
+           "cached": "[green]cached[/]", "failed": "[red]failed[/]"}
+
+
+def _bar(done: float, width: int = 10) -> str:
+    done = min(max(done, 0.0), 1.0)
+    full = int(done * width)
+    return "█" * full + "░" * (width - full) + f" {100 * done:3.0f}%"
+
+
+class StepLine:
+    """One live line for a single loop: ``label  step/total  bar  fields  elapsed  ETA`` (``oar train``, ``oar eval``).
+
+    ``advance(n, **fields)`` moves it on and sets the shown fields (e.g. ``reward=0.41``, ``acc="52.3%"``);
+    ``close()`` leaves the last state printed. A no-op when ``enabled`` is False.
+    """
+
+    def __init__(self, total: int | None, label: str, enabled: bool = True, unit: str = "step") -> None:
+        self.enabled = enabled
+        if not enabled:
+            return
+        from rich import progress as rp
+
+        self._progress = rp.Progress(
+            rp.TextColumn("{task.description}"), rp.MofNCompleteColumn(), rp.BarColumn(bar_width=20),
+            rp.TextColumn("{task.fields[info]}"), rp.TimeElapsedColumn(), rp.TextColumn("ETA"),
+            rp.TimeRemainingColumn(), transient=False)
+        self._task = self._progress.add_task(label, total=total, info="")
+        self.unit = unit
+        self._progress.start()
+
+    def advance(self, n: int = 1, description: str | None = None, **fields) -> None:
+        if not self.enabled:
+            return
+        info = "  ".join(f"{k} {v}" for k, v in fields.items())
+        extra = {"description": description} if description is not None else {}
+        self._progress.update(self._task, advance=n, info=info, **extra)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._progress.stop()
+            self.enabled = False

@@ -1,0 +1,19 @@
+"""The one prompt template of training and evaluation: a user message with a ``{question}`` placeholder."""
+
+from __future__ import annotations
+
+PLACEHOLDER = "{question}"
+PROMPT_TEMPLATE = PLACEHOLDER + "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+def check_template(template: str) -> str:
+    """``template`` itself; ValueError when it lacks the ``{question}`` placeholder."""
+    if PLACEHOLDER not in template:
+        raise ValueError(f"prompt template must contain '{PLACEHOLDER}': {template!r}")
+    return template
+
+
+def fill_template(template: str, question: str) -> str:
+    """``template`` with ``{question}`` replaced (plain replacement: LaTeX braces such as ``\\boxed{}`` need no
+    escaping)."""
+    return check_template(template).replace(PLACEHOLDER, question)
