@@ -9,9 +9,9 @@ import pytest
 
 from oar.cli import main
 from oar.lab.compare import PRESETS, compare
+from oar.lab.model import ModelConfig
 from oar.lab.stats import mean_ci, t_quantile
 from oar.lab.summary import format_results_table, summarize_comparison
-from oar.lab.model import ModelConfig
 from oar.lab.task import TaskConfig
 from oar.lab.warmstart import WarmStartConfig
 

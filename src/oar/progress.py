@@ -44,18 +44,20 @@ class RunRow:
 class RunTable:
     """Live state of a set of runs, ``workers`` at a time; renders as a ``rich`` table with an overall ETA.
 
-    ``update(run=name, **fields)`` takes one progress report; an unknown name adds a row that is shown but
-    not counted in the ETA (a stage such as the warm start).
+    ``before``/``after``: stages drawn above/below the runs (the warm start, the report), not counted in the
+    ETA. ``update(run=name, **fields)`` takes one progress report; an unknown name adds a stage at the end.
     """
 
     names: list[str]
     workers: int = 1
     title: str = ""
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
     rows: dict[str, RunRow] = field(default_factory=dict)
     t0: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
-        for name in self.names:
+        for name in (*self.before, *self.names, *self.after):
             self.rows.setdefault(name, RunRow(name))
 
     def update(self, run: str, **fields) -> None:
@@ -100,7 +102,7 @@ class RunTable:
                               ("held-out acc", "right"), ("s/step", "right"), ("", "left")):
             table.add_column(name, justify=justify, no_wrap=True)
         for r in self.rows.values():
-            step = f"{r.step}/{r.total}" if r.total else (str(r.step) if r.status != "queued" else "")
+            step = f"{r.step}/{r.total}" if r.total else (str(r.step) if r.step else "")
             table.add_row(
                 r.name, _STATUS.get(r.status, r.status), step, _bar(r.done) if r.status != "queued" else "",
                 f"{100 * r.accuracy:.1f}%" if r.accuracy is not None else "",

@@ -26,25 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from rich.console import Console
-
     from oar.lab.compare import compare
-    from oar.lab.summary import terminal_summary
+    from oar.lab.summary import print_summary
 
     credits = tuple(c.strip() for c in args.credits.split(",") if c.strip()) if args.credits else None
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
                       verbosity=args.verbosity, workers=args.workers, resume=args.resume, verbose=args.verbose)
-    console = Console()
-    console.print()
-    console.print(terminal_summary(results))
-    out = Path(args.out)
-    console.print(f"\nfinished in {results['wall_seconds'] / 60:.1f} min; wrote", highlight=False)
-    for name, what in (("results.md", "the full results table"), ("results.json", "every number, per run"),
-                       ("report.md", "key figures and every metric's curve")):
-        if (out / name).is_file():
-            console.print(f"  {out / name}  ({what})", highlight=False, soft_wrap=True)
+    print_summary(results, args.out)
     return 0

@@ -25,7 +25,7 @@ from oar.progress import RunTable
 from oar.quiet import quiet_libraries
 
 COMPARE_CREDITS = ("grpo", "oar-g", "oar-p", "entropy", "random")
-WARM_START_ROW = "warm start (SFT)"
+WARM_START_ROW, REPORT_ROW = "warm start (SFT)", "results and report"
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,8 @@ def _compare(out: Path, preset: str, base: RunConfig, credits: tuple[str, ...], 
     """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None)."""
     warm = base.warm
     names = [f"{c}-s{seed}" for seed in range(seeds) for c in credits]
-    view = RunTable(names, workers, title=f"oar compare: {len(names)} runs, {workers} at a time")
+    view = RunTable(names, workers, title=f"oar compare: {len(names)} runs, {workers} at a time",
+                    before=(WARM_START_ROW,), after=(REPORT_ROW,))
     if live is not None:
         live.update(view)
     t0 = time.perf_counter()
@@ -166,6 +167,7 @@ def _compare(out: Path, preset: str, base: RunConfig, credits: tuple[str, ...], 
             else:
                 view.update(run_dir.name, status="cached", note="kept (--resume)")
     _run_jobs(jobs, workers, view, verbose)
+    view.update(REPORT_ROW, status="running", note="results.json, results.md, report.md")
     results = summarize_comparison(dirs, reference="grpo" if "grpo" in credits else credits[0])
     results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
@@ -176,6 +178,7 @@ def _compare(out: Path, preset: str, base: RunConfig, credits: tuple[str, ...], 
         from oar.viz.report import write_report
 
         write_report([str(d) for d in dirs.values()], out, results_md=format_results_table(results))
+    view.update(REPORT_ROW, status="done")
     return results
 
 

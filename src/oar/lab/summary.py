@@ -137,3 +137,18 @@ def terminal_summary(results: dict):
                      "made (@step). Full table: results.md.")
     table.caption_justify = "left"
     return table
+
+
+def print_summary(results: dict, out_dir: str | Path, console=None) -> None:
+    """What ``oar compare`` prints at the end: :func:`terminal_summary`, the wall time and the written files."""
+    from rich.console import Console
+
+    console = console or Console()
+    console.print()
+    console.print(terminal_summary(results))
+    out = Path(out_dir)
+    console.print(f"\nwarm start and runs: {results['wall_seconds'] / 60:.1f} min; wrote", highlight=False)
+    for name, what in (("results.md", "the full results table"), ("results.json", "every number, per run"),
+                       ("report.md", "key figures and every metric's curve")):
+        if (out / name).is_file():
+            console.print(f"  {out / name}  ({what})", highlight=False, soft_wrap=True)
