@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 import oar.progress as progress
-from oar.progress import RunTable, StepLine, format_duration
+from oar.progress import ProgressLines, RunTable, format_duration
 from oar.quiet import quiet_libraries
 
 
@@ -56,14 +56,16 @@ def test_table_renders_one_line_per_run_and_the_overall_count():
     assert lines[5].startswith("0/2 runs done · elapsed ")
 
 
-def test_step_line_counts_and_closes(capsys):
-    line = StepLine(3, "eval gsm8k")
+def test_progress_lines_count_per_name_and_close():
+    lines = ProgressLines({"gsm8k": 3, "math500": 2})
     for _ in range(3):
-        line.advance(acc="50.0%")
-    assert line._progress.tasks[0].completed == 3
-    line.close()
-    line.advance()  # closed: a no-op
-    StepLine(3, "off", enabled=False).advance()
+        lines.advance("gsm8k", acc="50.0%")
+    lines.advance("math500", 2, acc="0.0%")
+    assert [(t.description.strip(), t.completed, t.fields["info"]) for t in lines._progress.tasks] == [
+        ("gsm8k", 3, "acc 50.0%"), ("math500", 2, "acc 0.0%")]
+    lines.close()
+    lines.advance("gsm8k")  # closed: a no-op
+    ProgressLines({"off": 3}, enabled=False).advance("off")
 
 
 def test_quiet_libraries_silences_only_inside_and_restores():

@@ -126,14 +126,15 @@ def _bar(done: float, width: int = 10) -> str:
     return "█" * full + "░" * (width - full) + f" {100 * done:3.0f}%"
 
 
-class StepLine:
-    """One live line for a single loop: ``label  step/total  bar  fields  elapsed  ETA`` (``oar train``, ``oar eval``).
+class ProgressLines:
+    """Live step lines drawn together, one per name: ``name  done/total  bar  fields  elapsed  ETA``
+    (the warm start; ``oar eval``, one line per benchmark with its running accuracy; ``oar train``).
 
-    ``advance(n, **fields)`` moves it on and sets the shown fields (e.g. ``reward=0.41``, ``acc="52.3%"``);
+    ``advance(name, n, **fields)`` moves a line on and sets its shown fields (e.g. ``acc="52.3%"``);
     ``close()`` leaves the last state printed. A no-op when ``enabled`` is False.
     """
 
-    def __init__(self, total: int | None, label: str, enabled: bool = True, unit: str = "step") -> None:
+    def __init__(self, totals: dict[str, int | None], enabled: bool = True) -> None:
         self.enabled = enabled
         if not enabled:
             return
@@ -143,16 +144,17 @@ class StepLine:
             rp.TextColumn("{task.description}"), rp.MofNCompleteColumn(), rp.BarColumn(bar_width=20),
             rp.TextColumn("{task.fields[info]}"), rp.TimeElapsedColumn(), rp.TextColumn("ETA"),
             rp.TimeRemainingColumn(), transient=False)
-        self._task = self._progress.add_task(label, total=total, info="")
-        self.unit = unit
+        width = max(map(len, totals), default=0)
+        self._tasks = {name: self._progress.add_task(name.ljust(width), total=total, info="", start=False)
+                       for name, total in totals.items()}
         self._progress.start()
 
-    def advance(self, n: int = 1, description: str | None = None, **fields) -> None:
+    def advance(self, name: str, n: int = 1, **fields) -> None:
         if not self.enabled:
             return
-        info = "  ".join(f"{k} {v}" for k, v in fields.items())
-        extra = {"description": description} if description is not None else {}
-        self._progress.update(self._task, advance=n, info=info, **extra)
+        task = self._tasks[name]
+        self._progress.start_task(task)  # the clock of a line starts with its first step
+        self._progress.update(task, advance=n, info="  ".join(f"{k} {v}" for k, v in fields.items()))
 
     def close(self) -> None:
         if self.enabled:

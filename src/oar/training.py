@@ -207,6 +207,38 @@ class RunDirCallback(TrainerCallback):
             f.write(json.dumps(record, default=float) + "\n")
 
 
+class TrainProgressCallback(TrainerCallback):
+    """``oar train``'s live line (main process; in place of transformers' tqdm bar and its printed log dicts):
+    ``train  step/max_steps  bar  reward  s/step  scoring share  elapsed  ETA``."""
+
+    def __init__(self) -> None:
+        self.lines = None
+        self.fields: dict[str, str] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and not args.disable_tqdm:
+            from oar.progress import ProgressLines
+
+            self.lines = ProgressLines({"train": state.max_steps})
+            self.lines.advance("train", state.global_step)  # resumed runs start where they stopped
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        for key, name, fmt in (("reward", "reward", "{:.3f}"), ("step_time", "s/step", "{:.2f}"),
+                               ("oar/importance_share", "scoring", "{:.0%}")):
+            if isinstance(logs.get(key), int | float):
+                self.fields[name] = fmt.format(logs[key])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.lines is not None:
+            self.lines.advance("train", **self.fields)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.lines is not None:
+            self.lines.close()
+            self.lines = None
+
+
 def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
     """The highest ``checkpoint-N`` in ``output_dir`` whose ``trainer_state.json`` is complete, else None.
 
@@ -251,7 +283,7 @@ def build_trainer(script_args: TrainArguments, config: OARConfig, reward_funcs=N
         conversational, script_args.dataset_split, script_args.dataset_config, script_args.max_train_samples,
     )
     run_info = {"model": script_args.model, "dataset": script_args.dataset, "train_rows": len(dataset)}
-    return OARGRPOTrainer(
+    trainer = OARGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs or [math_reward],
         args=config,
@@ -259,6 +291,12 @@ def build_trainer(script_args: TrainArguments, config: OARConfig, reward_funcs=N
         processing_class=tokenizer,
         callbacks=[RunDirCallback(run_info), *(callbacks or [])],
     )
+    if not config.disable_tqdm:  # one live line instead of tqdm and the printed log dicts
+        from transformers import ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(TrainProgressCallback())
+    return trainer
 
 
 def save_final_model(trainer: Any, output_dir: str | os.PathLike) -> None:

@@ -182,8 +182,10 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) an evaluation; returns the summary also written to ``summary.json``/``eval.md``."""
-    from tqdm.auto import tqdm
+    """Run (or resume) an evaluation; returns the summary also written to ``summary.json``/``eval.md``.
+
+    ``progress``: one live line per benchmark with its running accuracy over the samples graded so far."""
+    from oar.progress import ProgressLines
 
     t0 = time.perf_counter()
     out = Path(config.output_dir)
@@ -201,11 +203,12 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
         if jsonl.is_file() and jsonl.stat().st_size and not jsonl.read_bytes().endswith(b"\n"):
             with jsonl.open("a", encoding="utf-8") as f:
                 f.write("\n")  # end a line torn by an interruption
-        bar = tqdm(total=len(pending), desc="eval", unit="problem", disable=not progress)
+        todo = {b: sum(p.benchmark == b for p in pending) for b in problems}
+        lines = ProgressLines({f"eval {b}": n for b, n in todo.items() if n}, enabled=progress)
+        graded = {b: [0, 0] for b in problems}  # correct, samples
         with jsonl.open("a", encoding="utf-8") as f:
             for start in range(0, len(pending), config.batch_size):
                 batch = pending[start : start + config.batch_size]
-                bar.set_postfix_str(batch[0].benchmark)
                 texts = [prompts[id(p)] for p in batch]
                 completions = generate(
                     texts,
@@ -226,8 +229,11 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
                         f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                         f.flush()
                     done[(p.benchmark, p.index)] = recs
-                bar.update(len(batch))
-        bar.close()
+                    graded[p.benchmark][0] += sum(vs)
+                    graded[p.benchmark][1] += len(vs)
+                    acc = graded[p.benchmark][0] / graded[p.benchmark][1]
+                    lines.advance(f"eval {p.benchmark}", acc=f"{100 * acc:.1f}%")
+        lines.close()
 
     summary: dict[str, Any] = {"config": dataclasses.asdict(config), "benchmarks": {}}
     for name, ps in problems.items():

@@ -19,7 +19,7 @@ import torch
 from oar.cache import cache_dir as oar_cache_dir
 from oar.lab.model import ModelConfig, build_model, lab_tokenizer
 from oar.lab.task import TaskConfig, is_test_prompt, make_problem
-from oar.progress import StepLine
+from oar.progress import ProgressLines
 
 CACHE_VERSION = 1
 
@@ -82,7 +82,7 @@ def train_sft(cfg: WarmStartConfig, progress: bool = True, report: Callable[...,
     rng = random.Random(f"sft:{cfg.seed}")
     losses = []
     t0 = time.perf_counter()
-    line = StepLine(cfg.steps, "warm start (SFT)", enabled=progress and report is None)
+    lines = ProgressLines({"warm start (SFT)": cfg.steps}, enabled=progress and report is None)
     for step in range(cfg.steps):
         batch = []
         while len(batch) < cfg.batch_size:
@@ -97,10 +97,10 @@ def train_sft(cfg: WarmStartConfig, progress: bool = True, report: Callable[...,
         opt.step()
         sched.step()
         losses.append(loss.item())
-        line.advance(loss=f"{losses[-1]:.3f}")
+        lines.advance("warm start (SFT)", loss=f"{losses[-1]:.3f}")
         if report is not None:
             report(step=step + 1, total=cfg.steps, done=(step + 1) / cfg.steps, note=f"loss {losses[-1]:.3f}")
-    line.close()
+    lines.close()
     model.eval()
     info = {"seconds": time.perf_counter() - t0, "loss": losses[-1], "losses": losses[:: max(1, cfg.steps // 50)]}
     return model, tok, info
