@@ -29,7 +29,7 @@ class RunRow:
     """
 
     name: str
-    status: str = "queued"  # queued | running | done | cached | failed
+    status: str = "queued"  # queued | starting | running | done | cached | failed
     step: int = 0
     total: int | None = None  # steps, when the run counts steps rather than seconds
     done: float = 0.0
@@ -65,7 +65,7 @@ class RunTable:
         now = time.monotonic()
         if row.started is None and fields.get("status", "running") == "running":
             row.started = now
-        if row.status == "queued" and "status" not in fields:
+        if row.status in ("queued", "starting") and "status" not in fields:
             row.status = "running"
         for key, value in fields.items():
             setattr(row, key, value)
@@ -87,12 +87,12 @@ class RunTable:
         length = sum(lengths) / len(lengths)
         left = 0.0
         for r in runs:
-            if r.status == "queued":
+            if r.status in ("queued", "starting"):
                 left += length
             elif r.status == "running" and r.started is not None:
                 projected = (now - r.started) / r.done if r.done >= 0.05 else length
                 left += max(projected - (now - r.started), 0.0)
-        return left / max(1, min(self.workers, sum(r.status in ("queued", "running") for r in runs) or 1))
+        return left / max(1, min(self.workers, sum(r.status in ("queued", "starting", "running") for r in runs)))
 
     def __rich__(self):
         from rich.table import Table
@@ -104,7 +104,8 @@ class RunTable:
         for r in self.rows.values():
             step = f"{r.step}/{r.total}" if r.total else (str(r.step) if r.step else "")
             table.add_row(
-                r.name, _STATUS.get(r.status, r.status), step, _bar(r.done) if r.status != "queued" else "",
+                r.name, _STATUS.get(r.status, r.status), step,
+                _bar(r.done) if r.status != "queued" and (r.total or r.name in self.names) else "",
                 f"{100 * r.accuracy:.1f}%" if r.accuracy is not None else "",
                 f"{r.s_per_step:.2f}" if r.s_per_step else "", r.note,
             )
@@ -116,8 +117,8 @@ class RunTable:
         return table
 
 
-_STATUS = {"queued": "[dim]queued[/]", "running": "[yellow]running[/]", "done": "[green]done[/]",
-           "cached": "[green]cached[/]", "failed": "[red]failed[/]"}
+_STATUS = {"queued": "[dim]queued[/]", "starting": "[yellow]starting[/]", "running": "[yellow]running[/]",
+           "done": "[green]done[/]", "cached": "[green]cached[/]", "failed": "[red]failed[/]"}
 
 
 def _bar(done: float, width: int = 10) -> str:

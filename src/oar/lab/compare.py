@@ -90,7 +90,7 @@ def _job(args: tuple[RunConfig, str, str | None]) -> dict:
         if _EVENTS is not None:
             _EVENTS.put({"run": name, **fields})
 
-    report(status="running")
+    report(status="running", note="")
     try:
         with quiet_libraries(_VERBOSE):
             summary = train_lab(cfg, run_dir, cache_dir, report=report)
@@ -213,6 +213,8 @@ def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False) -
     events = mp.get_context("spawn").Queue() if workers > 1 else queue.SimpleQueue()
     drain = threading.Thread(target=_drain, args=(events, view), daemon=True)
     drain.start()
+    for _, run_dir, _ in jobs[:workers]:  # a worker takes a while to import torch and TRL
+        view.update(Path(run_dir).name, status="starting", note="loading torch and TRL")
     try:
         if workers == 1:
             _init_worker(events, verbose)

@@ -60,8 +60,8 @@ class LabCallback(RunDirCallback):
     """The run directory of :class:`oar.training.RunDirCallback`, plus held-out evaluation every ``eval_every``
     steps (merged into that step's record; step 0 before training) and a stop once ``budget_s`` training seconds
     have passed. ``wall_time`` counts training seconds only; ``eval_time`` the evaluation seconds so far.
-    ``report``: called with ``{"step", "done", "s_per_step"}`` after every step (``done``: share of the budget used,
-    0..1) and with ``{"accuracy"}`` after every evaluation; the live view of ``oar compare`` draws them.
+    ``report``: called with keywords ``step``, ``done`` (share of the budget used, 0..1) and ``s_per_step`` after
+    every step, ``note`` when an evaluation starts and ``accuracy`` when it ends; ``oar compare`` draws them.
     """
 
     def __init__(self, run_info: dict, evaluate: Callable[[int], dict], budget_s: float, eval_every: int,
@@ -77,10 +77,11 @@ class LabCallback(RunDirCallback):
         return self.train_s
 
     def evaluate(self, step: int) -> dict:
+        self.report(note=f"held-out evaluation at step {step}")
         t0 = time.perf_counter()
         out = {f"eval/{k}": v for k, v in self._evaluate(step).items()}
         self.eval_s += time.perf_counter() - t0
-        self.report(step=step, accuracy=out.get("eval/accuracy"))
+        self.report(step=step, accuracy=out.get("eval/accuracy"), note="")
         return out
 
     def on_train_begin(self, args, state, control, **kw):

@@ -106,7 +106,7 @@ def _load_results(runs: Sequence[Run]) -> list[tuple[Path, object]]:
 # the figures a reader wants first: (file name, metric, x axis, heading); None metric: the step-time breakdown
 KEY_FIGURES: tuple[tuple[str, str | None, str, str], ...] = (
     ("accuracy_vs_updates.png", "eval/accuracy", "step", "Held-out accuracy against updates"),
-    ("accuracy_vs_wall_clock.png", "eval/accuracy", "wall_time", "Held-out accuracy against training seconds"),
+    ("accuracy_vs_wall_clock.png", "eval/accuracy", "wall_time", "Held-out accuracy against wall-clock seconds"),
     ("step_time_breakdown.png", None, "step", "Step-time breakdown per credit"),
     ("weight_ess.png", "oar/ess_ratio", "step", "Weight ESS ratio (1 = uniform credit, as GRPO)"),
 )
@@ -121,7 +121,7 @@ def _key_figures(runs: Sequence[Run], keys: list[str], out_dir: Path, group_by: 
                 continue
             plot_step_time_breakdown(runs, out_dir / "figures" / name, group_by=group_by)
         elif key in keys:
-            plot_metric(runs, key, out_dir / "figures" / name, x=x, group_by=group_by)
+            plot_metric(runs, key, out_dir / "figures" / name, x=x, group_by=group_by, title=heading)
         else:
             continue
         lines += [f"### {heading}", "", f"![{heading}](figures/{name})", ""]
@@ -158,8 +158,8 @@ def write_report(
     keys = metric_keys(runs)
     groups = group_runs(runs, group_by)
     lines = ["# OAR run report", "",
-             f"{len(runs)} runs in {len(groups)} groups ({', '.join(groups)}); lines are means over the runs of "
-             "a group, bands their min..max.", ""]
+             f"{len(runs)} runs in {len(groups)} groups ({', '.join(groups)}); curves against {x}; lines are means "
+             "over the runs of a group, bands their min..max.", ""]
     if results_md is not None:
         tables = [("", results_md)]
     elif results is not None:
