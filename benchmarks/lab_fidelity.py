@@ -1,4 +1,4 @@
-"""Attribution fidelity on the lab: AUC of pivotal (operand / intermediate-result) tokens over filler, per scorer.
+"""Attribution fidelity on the lab: AUC of pivotal (operand / intermediate-result) tokens over filler, per credit.
 
 Usage: ``OMP_NUM_THREADS=1 python benchmarks/lab_fidelity.py [--problems 256] [--verbosity 2] [--out FILE]``.
 Scores the worked solutions of held-out problems with the cached warm-started lab model (trained on first use).
@@ -35,7 +35,7 @@ def main() -> None:
     res = attribution_fidelity(model, tok, problems, tuple(args.scorers.split(",")))
     print(f"warm start {path.name}, {args.problems} held-out solutions, verbosity {cfg.task.verbosity}, "
           f"{time.perf_counter() - t0:.1f} s")
-    print("| scorer | AUC pivotal vs filler | AUC pivotal vs rest of reasoning | mean weight pivotal / structure / "
+    print("| credit | AUC pivotal vs filler | AUC pivotal vs rest of reasoning | mean weight pivotal / structure / "
           "filler |\n|---|---|---|---|")
     for name, r in res.items():
         print(f"| {name} | {r['auc_filler']:.3f} | {r['auc_rest']:.3f} | {r['weight_pivotal']:.2f} / "

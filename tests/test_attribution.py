@@ -52,9 +52,13 @@ def test_record_length_mismatch_is_rejected():
 
 def test_pairs_file(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text('{"prompt": "1+1?", "completion": "2 \\\\boxed{2}"}\n\n{"prompt": "x", "completion": "y"}\n')
+    path.write_text('{"prompt": "1+1?", "completion": "2 \\\\boxed{2}"}\n\n{"prompt": "x", "completion": "y", '
+                    '"reward": 1}\n')
     assert not is_record_file(path)
-    assert read_pairs(path) == [("1+1?", "2 \\boxed{2}"), ("x", "y")]
+    assert read_pairs(path) == [("1+1?", "2 \\boxed{2}", None), ("x", "y", 1.0)]
+    path.write_text('{"prompt": "x", "completion": "y", "reward": "1"}\n')
+    with pytest.raises(ValueError, match="p.jsonl:1: 'reward' must be a number, got '1'"):
+        read_pairs(path)
     path.write_text('{"prompt": "1+1?"}\n')
     with pytest.raises(ValueError, match="p.jsonl:1: expected string fields"):
         read_pairs(path)
@@ -170,7 +174,20 @@ def test_attribute_single_equals_batched(char_tokenizer, tiny_qwen2):
 
 
 def test_attribute_rejects_bad_arguments(char_tokenizer, tiny_qwen2):
-    with pytest.raises(ValueError, match="unknown scorer 'nope'"):
+    with pytest.raises(ValueError, match="unknown credit 'nope'; registered: grpo, oar-g"):
         attribute(tiny_qwen2, char_tokenizer, "1?", "1 \\boxed{1}", "nope")
     with pytest.raises(ValueError, match="2 prompts but 1 completions"):
         attribute_batch(tiny_qwen2, char_tokenizer, ["a", "b"], ["c"])
+
+
+def test_attribute_group_methods_take_rewards_and_group_by_prompt(char_tokenizer, tiny_qwen2):
+    prompts = ["2+2?"] * 4 + ["3+3?"] * 2
+    completions = ["2+2=4 \\boxed{4}", "2+2=5 \\boxed{5}", "4 \\boxed{4}", "2+2=22 \\boxed{22}", "6 \\boxed{6}",
+                   "3+3=6 \\boxed{6}"]
+    recs = attribute_batch(tiny_qwen2, char_tokenizer, prompts, completions, "ktae", rewards=[1, 0, 1, 0, 1, 1])
+    assert [r.reward for r in recs] == [1, 0, 1, 0, 1, 1] and all(r.offsets is not None for r in recs)
+    # the "3+3?" group has one outcome only: no key tokens; the "2+2?" group has some
+    assert all(o == 0 for r in recs[4:] for o in r.offsets)
+    assert any(o != 0 for r in recs[:4] for o in r.offsets)
+    with pytest.raises(ValueError, match="pass one reward per completion"):
+        attribute_batch(tiny_qwen2, char_tokenizer, prompts, completions, "gtpo")

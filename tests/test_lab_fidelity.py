@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oar.lab.fidelity import attribution_fidelity, lab_batch, pairwise_auc
+from oar.lab.fidelity import FIDELITY_SCORERS, attribution_fidelity, lab_batch, pairwise_auc
 from oar.lab.model import ModelConfig, build_model, lab_tokenizer
 from oar.lab.task import FILLER, PIVOTAL, TaskConfig, make_split
 
@@ -53,10 +54,15 @@ def test_fidelity_runs_every_scorer_and_random_is_chance():
     model = build_model(ModelConfig(hidden=32, layers=1, mlp=64), len(tok), seed=0).eval()
     problems = make_split(TaskConfig(verbosity=2, max_steps=2), "test", 24)
     res = attribution_fidelity(model, tok, problems, batch_size=12)
-    assert set(res) == {"oar-p", "oar-g", "entropy", "random"}
+    assert set(res) == set(FIDELITY_SCORERS)
     for r in res.values():
         assert r["completions"] == 24 and 0.0 <= r["auc_filler"] <= 1.0 and 0.0 <= r["auc_rest"] <= 1.0
     assert abs(res["random"]["auc_filler"] - 0.5) < 0.1
+    # a control keeps its method's signal (the same AUC) but not where the weight goes
+    pair = attribution_fidelity(model, tok, problems, scorers=("entropy", "shuffle:entropy"), batch_size=12)
+    assert pair["shuffle:entropy"]["auc_filler"] == pair["entropy"]["auc_filler"]
+    with pytest.raises(ValueError, match="rollout-group statistics"):
+        attribution_fidelity(model, tok, problems, scorers=("ktae",))
 
 
 def test_fidelity_reports_mean_weight_per_token_kind():

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import json
 
 import pytest
 import torch
 
-from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm
+from trainer_setup import exact_reward, first_group_reward, grpo_kwargs, task_rows, warm_tiny_lm
 
 datasets = pytest.importorskip("datasets")
 trl = pytest.importorskip("trl")
@@ -32,15 +34,16 @@ class RecordingTrainer(OARGRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.batches, self.scored_rows, self.scorer_models = [], [], []
-        if hasattr(self, "_scorer"):
-            inner = self._scorer
+        if self._credit.needs_probe:
+            inner = self._credit.score
 
+            @functools.wraps(inner)
             def spy(model, input_ids, *rest, **kw):
                 self.scored_rows.append(input_ids.shape[0])
                 self.scorer_models.append(model)
                 return inner(model, input_ids, *rest, **kw)
 
-            self._scorer = spy
+            self._credit = dataclasses.replace(self._credit, score=spy)
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
@@ -134,7 +137,7 @@ def test_credit_grpo_is_bit_identical_to_trl(tmp_path, char_tokenizer, loss_type
 )
 def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_source):
     trainer = RecordingTrainer(
-        model=warm_tiny_lm(char_tokenizer), reward_funcs=exact_reward,
+        model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
         args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, answer_source=answer_source,
                        oar_batch_size=3, oar_dump_every=1),
         train_dataset=_dataset(), processing_class=char_tokenizer,
@@ -181,8 +184,7 @@ def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_sourc
         ids = batch["completion_ids"][i][mask[i]].tolist()
         assert rec.prompt == char_tokenizer.decode(batch["prompt_ids"][i][batch["prompt_mask"][i].bool()])
         assert "".join(rec.tokens) == char_tokenizer.decode(ids, skip_special_tokens=False)
-        gold = str(sum(int(x) for x in rec.prompt[:-1].split("+")))
-        assert rec.reward == exact_reward([], [char_tokenizer.decode(ids, skip_special_tokens=True)], [gold])[0]
+        assert rec.reward == float(i == 0)  # first_group_reward
         assert rec.advantage == pytest.approx(float(adv[i][mask[i] & ~reasoning[i]][0]))
 
 
@@ -291,3 +293,96 @@ def test_checkpoints_appear_only_when_complete(tmp_path, char_tokenizer, monkeyp
     trainer(4).train(resume_from_checkpoint=last_checkpoint(tmp_path))
     assert entries() == ["checkpoint-3", "checkpoint-4"]
     assert json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+
+
+# --- every registered credit method (and the controls) runs in the trainer ------------------------------
+
+
+@pytest.mark.parametrize("credit", ["entropy-mask", "gtpo", "ktae", "cf-span", "shuffle:oar-g", "inverted:oar-p",
+                                    "shuffle:ktae", "inverted:entropy-mask"])
+def test_every_credit_method_trains(tmp_path, char_tokenizer, credit):
+    from oar.credit import get_credit
+
+    trainer = RecordingTrainer(
+        model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
+        args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, oar_dump_every=1),
+        train_dataset=_dataset(), processing_class=char_tokenizer,
+    )
+    trainer.train()
+    (batch,) = trainer.batches
+    adv, mask = batch["advantages"], batch["completion_mask"].bool()
+    active = (adv != 0).any(dim=1)
+    assert torch.isfinite(adv).all() and active.any()
+    assert torch.equal(adv[~active], torch.zeros_like(adv[~active])), "zero-advantage rows stay zero"
+    method = get_credit(credit)
+    uniform = adv[active][mask[active]]
+    assert uniform.std() > 0, f"{credit}: the token advantages of a scored row must not all be equal"
+    if method.combine == "mask":
+        first = adv[0][mask[0]]
+        assert set(first.unique().tolist()) <= {0.0, float(first.abs().max())} or set(
+            first.unique().tolist()) <= {0.0, -float(first.abs().max())}
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert "oar/offset_abs_mean" in logs[0] and "oar/frac_scored" in logs[0]
+    records = read_records(tmp_path / "attributions.jsonl")
+    assert records and all(r.credit == method.name for r in records)
+    if method.combine in ("add", "replace"):
+        assert all(r.offsets is not None for r in records)
+
+
+def test_a_credit_registered_in_user_code_trains_without_editing_oar(tmp_path, char_tokenizer):
+    from oar.credit import register_credit, unregister_credit
+
+    @register_credit("t-first-tokens", combine="multiply", needs_policy=False, needs_probe=False, passes="0",
+                     paper="test", summary="double the first k completion tokens", options={"k": 3},
+                     effect=lambda scores, mask: torch.where(mask, 1 + scores, torch.ones_like(scores)))
+    def first_tokens(batch, k=3):
+        return (torch.arange(batch.completion_ids.shape[1]) < k).float().expand(batch.completion_ids.shape[0], -1)
+
+    try:
+        trainer = RecordingTrainer(
+            model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
+            args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit="t-first-tokens",
+                           credit_options='{"k": 2}'),
+            train_dataset=_dataset(), processing_class=char_tokenizer,
+        )
+        trainer.train()
+        adv = trainer.batches[0]["advantages"]
+        row = adv[(adv != 0).any(dim=1)][0]
+        assert torch.allclose(row[:2], 2 * row[2]) and torch.allclose(row[3:], row[2].expand_as(row[3:]))
+        with pytest.raises(ValueError, match=r"no option\(s\) \['j'\]"):
+            OARConfig(**grpo_kwargs(str(tmp_path)), credit="t-first-tokens", credit_options={"j": 1})
+    finally:
+        unregister_credit("t-first-tokens")
+    with pytest.raises(ValueError, match="unknown credit 't-first-tokens'; registered: grpo"):
+        OARConfig(**grpo_kwargs(str(tmp_path)), credit="t-first-tokens")
+
+
+@pytest.mark.parametrize("credit", ["oar-p", "entropy-mask"])
+def test_trainer_dump_equals_attribute_for_the_same_completions(tmp_path, char_tokenizer, credit):
+    """The trainer and ``oar attribute`` run the same token_credit: equal weights and scores on equal inputs."""
+    from oar.attribution import attribute_batch
+
+    model = warm_tiny_lm(char_tokenizer)
+    scorer_copy = copy.deepcopy(model)  # the policy as it was when the rollout batch was scored
+    trainer = RecordingTrainer(
+        model=model, reward_funcs=first_group_reward,
+        args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, oar_dump_every=1,
+                       oar_dump_count=8),
+        train_dataset=_dataset(), processing_class=char_tokenizer,
+    )
+    trainer.train()
+    records = read_records(tmp_path / "attributions.jsonl")
+    assert records
+    eos = char_tokenizer.eos_token
+    texts = ["".join(r.tokens) for r in records]
+    assert all(t.endswith(eos) or len(t) >= 20 for t in texts)
+    completions = [t[: -len(eos)] if t.endswith(eos) else t for t in texts]
+    again = attribute_batch(scorer_copy, char_tokenizer, [r.prompt for r in records], completions, credit)
+    for rec, att in zip(records, again, strict=True):
+        n = len(att.tokens)  # the dump also holds the eos token (weight 1, not reasoning)
+        assert rec.reasoning[:n] == att.reasoning
+        if credit == "entropy-mask":  # its quantile is over the batch: compare the per-token signal
+            assert rec.scores[:n] == pytest.approx(att.scores, rel=1e-4, abs=1e-5)
+        else:
+            assert rec.scores[:n] == pytest.approx(att.scores, rel=1e-4, abs=1e-6)
+            assert rec.weights[:n] == pytest.approx(att.weights, rel=1e-4, abs=1e-5)

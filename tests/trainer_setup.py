@@ -40,6 +40,12 @@ def exact_reward(prompts: list, completions: list, answer: list[str], **kwargs) 
     return out
 
 
+def first_group_reward(prompts: list, completions: list, **kwargs) -> list[float]:
+    """1.0 for the batch's first completion, else 0.0: with groups of 4, the first group has reward variance and
+    the others none, whatever the model samples (tests that need both kinds of group use it)."""
+    return [float(i == 0) for i in range(len(completions))]
+
+
 def warm_tiny_lm(tokenizer, steps: int = 150, seed: int = 0, hidden: int = 64):
     """A fresh copy of a tiny Qwen2 taught the answer format by ``steps`` teacher-forced Adam steps (float32).
 

@@ -20,6 +20,13 @@ _EXPORTS: dict[str, str] = {
     "bilevel_weights": "oar.reshape",
     "weight_stats": "oar.reshape",
     "masked_quantile": "oar.reshape",
+    # token credit: the registry and the one function every caller runs
+    "CreditBatch": "oar.credit",
+    "TokenCredit": "oar.credit",
+    "credit_names": "oar.credit",
+    "get_credit": "oar.credit",
+    "register_credit": "oar.credit",
+    "token_credit": "oar.credit",
     # answer location (shared by probe and grader)
     "AnswerSpan": "oar.answer_span",
     "locate_answer": "oar.answer_span",

@@ -22,7 +22,10 @@ class AttributionRecord:
     """One completion's token credit. All lists have one entry per completion token.
 
     ``tokens``: the token texts; their concatenation is the completion text (see :func:`decode_tokens`).
-    ``scores``: raw importance (0 outside reasoning). ``weights``: Bi-Level weight (1 outside reasoning).
+    ``scores``: the credit method's raw per-token signal (0 where it does not act). ``weights``: the factor on
+    the sequence advantage (1 where the method does not act; Bi-Level weights for OAR). ``offsets``: added to
+    the advantage by additive methods (KTAE; for ``replace`` methods such as GTPO, weight 0 and the offset is the
+    token advantage), else None.
     ``reasoning`` / ``answer``: which tokens are reasoning and which the answer statement.
     """
 
@@ -36,11 +39,12 @@ class AttributionRecord:
     advantage: float | None = None
     reward: float | None = None
     step: int | None = None
+    offsets: list[float] | None = None  # additive credit methods (combine "add"): the per-token offset
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        for name in ("scores", "weights", "reasoning", "answer"):
-            if len(getattr(self, name)) != n:
+        for name in ("scores", "weights", "reasoning", "answer", "offsets"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"AttributionRecord.{name} has {len(getattr(self, name))} entries, tokens has {n}")
 
     @property
@@ -80,13 +84,17 @@ def read_records(path: str | os.PathLike) -> list[AttributionRecord]:
     return out
 
 
-def read_pairs(path: str | os.PathLike) -> list[tuple[str, str]]:
-    """Read ``{"prompt": str, "completion": str}`` rows of a JSONL file (texts still to be attributed)."""
+def read_pairs(path: str | os.PathLike) -> list[tuple[str, str, float | None]]:
+    """Read ``{"prompt": str, "completion": str, "reward": number (optional)}`` rows of a JSONL file (texts still
+    to be attributed); the reward is None where absent."""
     out = []
     for i, row in iter_jsonl(path):
         if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
             raise ValueError(f"{path}:{i}: expected string fields 'prompt' and 'completion'")
-        out.append((row["prompt"], row["completion"]))
+        reward = row.get("reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+            raise ValueError(f"{path}:{i}: 'reward' must be a number, got {reward!r}")
+        out.append((row["prompt"], row["completion"], None if reward is None else float(reward)))
     return out
 
 
@@ -192,67 +200,69 @@ def attribute_batch(
     batch_size: int = 8,
     chat: bool = False,
     probe: Any = None,
-    tau: float = 0.25,
-    beta: float = 1.0,
-    floor: float = 0.1,
-    **scorer_kwargs: Any,
+    rewards: Sequence[float] | None = None,
+    generator: torch.Generator | None = None,
+    **options: Any,
 ) -> list[AttributionRecord]:
-    """Token credit of each (prompt, completion): outcome probe -> scorer ``credit`` -> Bi-Level weights.
+    """Token credit of each (prompt, completion) with :func:`oar.credit.token_credit` (what the trainer runs).
 
     Args:
         model / tokenizer: a causal LM (its current mode is restored afterwards) and its tokenizer.
         prompts / completions: texts, one prompt per completion. ``chat``: wrap each prompt in the
             tokenizer's chat template (as an instruct model saw it when generating).
-        credit: a registered scorer name (``oar-g``, ``oar-p``, ``entropy``, ...).
+        credit: a registered credit method or control (``oar-g``, ``oar-p``, ``shuffle:oar-g``, ...).
         probe: an :class:`oar.probe.OutcomeProbe`; default one with the default conclude text.
-        tau / beta / floor: Bi-Level parameters; ``scorer_kwargs`` go to the scorer.
+        rewards: each completion's reward, for methods that read the rollout group (``ktae``, ``gtpo``); the
+            completions of one prompt text form a group, and the GRPO advantage is computed within it.
+        generator: random source of the scorer and the controls. ``options``: the method's options
+            (e.g. ``tau``, ``mode``, ``rho``).
 
     Returns:
         One :class:`AttributionRecord` per completion, in order.
     """
-    from oar.importance import get_scorer
+    from oar.credit import CreditBatch, get_credit, token_credit
     from oar.probe import OutcomeProbe
-    from oar.reshape import bilevel_weights
 
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    scorer = get_scorer(credit)
+    method = get_credit(credit)
+    opts = method.check_options(options)
+    if method.needs_group and (rewards is None or len(rewards) != len(completions)):
+        raise ValueError(f"credit {credit!r} reads the rollout group: pass one reward per completion (rewards=)")
     probe = probe or OutcomeProbe(tokenizer)
-    pad_id = probe.pad_id
     device = next(model.parameters()).device
+    p_ids, p_mask = _pad([_encode(tokenizer, p, chat, True) for p in prompts], probe.pad_id, left=True)
+    c_rows = [_encode(tokenizer, c, chat, False) for c in completions]
+    c_ids, c_mask = _pad(c_rows, probe.pad_id, left=False)
+    ids = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
+    group = torch.tensor([ids[p] for p in prompts], device=device)
+    r = torch.tensor([float(x) for x in rewards], dtype=torch.float32, device=device) if rewards else None
+    adv = None
+    if r is not None:  # GRPO advantages within each prompt's completions (TRL's formula)
+        n = torch.zeros(len(ids), device=device).index_add_(0, group, torch.ones_like(r))
+        mean = torch.zeros_like(n).index_add_(0, group, r) / n
+        var = torch.zeros_like(n).index_add_(0, group, (r - mean[group]) ** 2) / (n - 1).clamp_min(1)
+        adv = (r - mean[group]) / (var.sqrt()[group] + 1e-4)
+    batch = CreditBatch(p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device), advantages=adv,
+                        rewards=r, group=group, model=model)
     was_training = model.training
     model.eval()
-    out: list[AttributionRecord] = []
     try:
-        for start in range(0, len(prompts), batch_size):
-            ps, cs = prompts[start : start + batch_size], completions[start : start + batch_size]
-            p_ids, p_mask = _pad([_encode(tokenizer, p, chat, True) for p in ps], pad_id, left=True)
-            c_rows = [_encode(tokenizer, c, chat, False) for c in cs]
-            c_ids, c_mask = _pad(c_rows, pad_id, left=False)
-            pb = probe.build(p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device))
-            if pb.valid.any():
-                scores = scorer(model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
-                                **scorer_kwargs).detach()
-            else:  # nothing to score (no answer anywhere): uniform weights
-                scores = torch.zeros(pb.input_ids.shape)
-            mask = pb.completion_reasoning_mask & pb.valid[:, None]
-            comp = pb.to_completion(scores).float().masked_fill(~mask, 0.0)
-            w = bilevel_weights(comp, mask, tau, beta, floor)
-            for b, ids in enumerate(c_rows):
-                n = len(ids)
-                out.append(AttributionRecord(
-                    tokens=decode_tokens(tokenizer, ids),
-                    scores=comp[b, :n].tolist(),
-                    weights=w[b, :n].tolist(),
-                    reasoning=mask[b, :n].tolist(),
-                    answer=pb.completion_answer_mask[b, :n].tolist(),
-                    credit=credit,
-                    prompt=ps[b],
-                ))
+        tc = token_credit(method, batch, probe=probe, batch_size=batch_size, generator=generator, options=opts)
     finally:
         model.train(was_training)
+    out = []
+    for b, ids in enumerate(c_rows):
+        k = len(ids)
+        out.append(AttributionRecord(
+            tokens=decode_tokens(tokenizer, ids), scores=tc.scores[b, :k].tolist(),
+            weights=tc.weights[b, :k].tolist(), reasoning=tc.mask[b, :k].tolist(),
+            answer=tc.answer_mask[b, :k].tolist(), credit=method.name, prompt=prompts[b],
+            reward=float(rewards[b]) if rewards else None,
+            offsets=tc.offsets[b, :k].tolist() if tc.combine in ("add", "replace") else None,
+        ))
     return out
 
 

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import torch
 
+# OAR_SPEC §4 defaults (the one home of τ, β and the floor)
+TAU = 0.25
+BETA = 1.0
+FLOOR = 0.1
+
 
 def _check_args(scores: torch.Tensor, mask: torch.Tensor, tau: float, beta: float, floor: float) -> None:
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
@@ -52,9 +57,9 @@ def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> torch
 def bilevel_weights(
     scores: torch.Tensor,
     mask: torch.Tensor,
-    tau: float = 0.25,
-    beta: float = 1.0,
-    floor: float = 0.1,
+    tau: float = TAU,
+    beta: float = BETA,
+    floor: float = FLOOR,
 ) -> torch.Tensor:
     """Bi-Level reshaping weights, row by row over the masked (reasoning) tokens.
 

@@ -9,6 +9,7 @@ TRL's loss. TRL buffers the batch, so the weights are computed once and reused a
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -21,14 +22,18 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from oar.reshape import bilevel_weights, weight_stats
+from oar.credit import CreditBatch, TokenCredit, get_credit, token_credit
+from oar.probe import DEFAULT_CONCLUDE
+from oar.reshape import BETA, FLOOR, TAU, weight_stats
 
-CREDITS = ("grpo", "oar-g", "oar-p", "entropy", "random")
 PROBE_MODES = ("last", "answer_mean", "answer_joint")
 ANSWER_SOURCES = ("completion", "reference")
+# OARConfig fields handed to a credit method as these options, when the method declares them
+_OPTION_FIELDS = {"tau": "oar_tau", "beta": "oar_beta", "floor": "oar_floor", "mode": "probe_mode",
+                  "noise_std": "noise_std", "chunk_size": "oar_chunk_size", "temperature": "temperature"}
 # metric keys of weight_stats, logged as "oar/weight_<key>" (ess_ratio and gini keep their own name)
 _STAT_KEYS = ("mean", "std", "max", "min", "frac_suppressed", "frac_floor", "ess_ratio", "gini")
-_COUNT_KEYS = ("total", "scored", "uniform", "no_answer", "too_short", "nonfinite", "tokens")
+_COUNT_KEYS = ("total", "scored", "uniform", "no_answer", "too_short", "nonfinite", "tokens", "offset_abs")
 # checkpoints are written here and renamed into OUTPUT_DIR/checkpoint-N when complete (no "checkpoint-" prefix:
 # transformers' rotation and resume never see it)
 STAGING_DIR = ".checkpoint-staging"
@@ -40,18 +45,26 @@ class OARConfig(GRPOConfig):
 
     credit: str = field(
         default="oar-g",
-        metadata={"help": f"Token credit: one of {CREDITS}. 'grpo' = uniform weights (plain GRPO)."},
+        metadata={"help": "Token credit: a registered method (oar.credit.credit_names(): grpo, oar-g, oar-p, "
+                          "entropy, random, entropy-mask, gtpo, ktae, cf-span, ...) or a control shuffle:NAME / "
+                          "inverted:NAME. 'grpo' = uniform weights (plain GRPO)."},
     )
-    oar_tau: float = field(default=0.25, metadata={"help": "Bi-Level quantile level, in (0, 1)."})
-    oar_beta: float = field(default=1.0, metadata={"help": "Bi-Level boost strength, >= 0."})
-    oar_floor: float = field(default=0.1, metadata={"help": "Minimum weight of a suppressed token, in [0, 1]."})
+    credit_options: dict | str | None = field(
+        default=None,
+        metadata={"help": "Options of the credit method (a dict, or a JSON object string), e.g. {\"rho\": 0.2}; "
+                          "the method declares them (oar.credit.get_credit(name).options). They override the "
+                          "oar_tau/oar_beta/oar_floor/probe_mode/noise_std/oar_chunk_size fields."},
+    )
+    oar_tau: float = field(default=TAU, metadata={"help": "Bi-Level quantile level, in (0, 1)."})
+    oar_beta: float = field(default=BETA, metadata={"help": "Bi-Level boost strength, >= 0."})
+    oar_floor: float = field(default=FLOOR, metadata={"help": "Minimum weight of a suppressed token, in [0, 1]."})
     probe_mode: str | None = field(
         default=None,
         metadata={"help": f"How P_final is read: one of {PROBE_MODES}; None = the scorer's default "
                           "(oar-g: answer_mean, oar-p: last)."},
     )
     conclude_text: str = field(
-        default="\n\nTherefore, the final answer is \\boxed{",
+        default=DEFAULT_CONCLUDE,
         metadata={"help": "Text appended after the reasoning to elicit the final answer in the probe."},
     )
     answer_source: str = field(
@@ -86,8 +99,17 @@ class OARConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.credit not in CREDITS:
-            raise ValueError(f"credit must be one of {CREDITS}, got {self.credit!r}")
+        if isinstance(self.credit_options, str):
+            try:
+                self.credit_options = json.loads(self.credit_options)
+            except ValueError as err:
+                raise ValueError(f"credit_options must be a JSON object, got {self.credit_options!r}") from err
+        if self.credit_options is not None and not isinstance(self.credit_options, dict):
+            raise ValueError(f"credit_options must be a dict or a JSON object, got {self.credit_options!r}")
+        try:
+            method = get_credit(self.credit)
+        except ValueError as err:
+            raise ValueError(f"credit: {err}") from None
         if self.probe_mode is not None and self.probe_mode not in PROBE_MODES:
             raise ValueError(f"probe_mode must be one of {PROBE_MODES} or None, got {self.probe_mode!r}")
         if self.answer_source not in ANSWER_SOURCES:
@@ -100,7 +122,8 @@ class OARConfig(GRPOConfig):
             raise ValueError(f"oar_floor must be in [0, 1], got {self.oar_floor!r}")
         if not (self.noise_std >= 0.0 and math.isfinite(self.noise_std)):
             raise ValueError(f"noise_std must be a finite number >= 0, got {self.noise_std!r}")
-        if self.credit == "oar-g" and self.noise_std == 0.0 and self.probe_mode != "answer_joint":
+        opts = self.method_options(method)
+        if (method.base or method.name) == "oar-g" and opts["noise_std"] == 0.0 and opts["mode"] != "answer_joint":
             raise ValueError("noise_std must be > 0 for credit='oar-g' unless probe_mode='answer_joint' "
                              "(the KL outcome has zero gradient without noise)")
         for name in ("oar_batch_size", "oar_chunk_size", "oar_dump_count"):
@@ -113,6 +136,14 @@ class OARConfig(GRPOConfig):
             raise ValueError(f"oar_max_probe_length must be >= 2 or None, got {self.oar_max_probe_length!r}")
         if not self.conclude_text:
             raise ValueError("conclude_text must be a non-empty string")
+
+    def method_options(self, method: Any = None) -> dict[str, Any]:
+        """The credit method's options: its declared defaults, then the matching OAR fields, then
+        ``credit_options`` (ValueError naming an option the method does not declare)."""
+        method = method or get_credit(self.credit)
+        fields_ = {k: getattr(self, f) for k, f in _OPTION_FIELDS.items()
+                   if k in method.options and getattr(self, f) is not None}
+        return method.check_options({**fields_, **(self.credit_options or {})})
 
 
 class OARGRPOTrainer(GRPOTrainer):
@@ -139,25 +170,26 @@ class OARGRPOTrainer(GRPOTrainer):
         if self.args.answer_source == "reference" and columns is not None and self.args.reference_column not in columns:
             raise ValueError(f"answer_source='reference' reads reference_column={self.args.reference_column!r}, "
                              f"which the train dataset lacks; columns: {columns}")
-        if self.args.credit != "grpo":
-            if self.is_fsdp_enabled or (
-                self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-            ):
-                raise ValueError(
-                    f"credit={self.args.credit!r} scores tokens with the full policy on every rank; FSDP and "
-                    "DeepSpeed ZeRO-3 shard it and are not supported yet (use ZeRO-2 or DDP, or credit='grpo')"
-                )
-            from oar.importance import get_scorer
+        self._credit = get_credit(self.args.credit)
+        self._credit_options = self.args.method_options(self._credit)
+        if self._credit.name != "grpo" and (
+            self.is_fsdp_enabled
+            or (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3)
+        ):
+            raise ValueError(
+                f"credit={self.args.credit!r} scores tokens with the full policy on every rank; FSDP and "
+                "DeepSpeed ZeRO-3 shard it and are not supported yet (use ZeRO-2 or DDP, or credit='grpo')"
+            )
+        self._probe = None
+        if self._credit.needs_probe:
             from oar.probe import OutcomeProbe
 
             self._probe = OutcomeProbe(
-                self.processing_class if not hasattr(self.processing_class, "tokenizer")
-                else self.processing_class.tokenizer,
+                getattr(self.processing_class, "tokenizer", self.processing_class),
                 conclude=self.args.conclude_text,
                 answer_source=self.args.answer_source,
                 max_length=self.args.oar_max_probe_length,
             )
-            self._scorer = get_scorer(self.args.credit)
         # OAR-G noise and the random baseline draw from their own generator: the rollout RNG stream stays
         # the same as plain GRPO's
         self._oar_generator = torch.Generator(device=self.accelerator.device)
@@ -170,82 +202,71 @@ class OARGRPOTrainer(GRPOTrainer):
         if not self.model.training:  # evaluation: the loss is reported with plain GRPO advantages
             return output
         t0 = time.perf_counter()
-        adv = output["advantages"]  # [B]
-        weights, diag = self._token_weights(inputs, output)  # [B, T]
-        output["advantages"] = adv[:, None] * weights.to(adv.dtype)
-        self._log_oar_metrics(diag, time.perf_counter() - t0)
+        credit = self._token_credit(inputs, output)
+        sequence_advantages = output["advantages"]  # [B]
+        output["advantages"] = credit.advantages(sequence_advantages)  # [B, T]
+        self._log_oar_metrics(credit, time.perf_counter() - t0)
+        if self.args.oar_dump_every and self._oar_rollouts % self.args.oar_dump_every == 0 \
+                and self.accelerator.is_main_process and credit.flags["scored"].any():
+            self._dump_attributions(inputs, output, credit, sequence_advantages)
         self._oar_rollouts += 1
         return output
 
     # --- pieces ------------------------------------------------------------------------------------------
-    def _scorer_kwargs(self) -> dict[str, Any]:
-        a = self.args
-        kw: dict[str, Any] = {}
-        if a.probe_mode is not None and a.credit in ("oar-g", "oar-p"):
-            kw["mode"] = a.probe_mode
-        if a.credit == "oar-g":
-            kw["noise_std"] = a.noise_std
-        if a.credit in ("oar-g", "random"):
-            kw["generator"] = self._oar_generator
-        if a.credit == "oar-p" and a.oar_chunk_size is not None:
-            kw["chunk_size"] = a.oar_chunk_size
-        return kw
+    def _token_credit(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> TokenCredit:
+        """This process's token credit of the rollout batch (completions with a non-zero advantage are scored)."""
+        a, m = self.args, self._credit
+        adv = output["advantages"]
+        batch = CreditBatch(
+            prompt_ids=output["prompt_ids"], prompt_mask=output["prompt_mask"],
+            completion_ids=output["completion_ids"], completion_mask=output["completion_mask"], advantages=adv,
+            model=self.accelerator.unwrap_model(self.model) if m.needs_policy else None,  # no DDP hooks
+        )
+        refs = [str(row[a.reference_column]) for row in inputs] if a.answer_source == "reference" else None
+        kwargs = dict(probe=self._probe, references=refs, batch_size=a.oar_batch_size,
+                      generator=self._oar_generator, options=self._credit_options)
+        if m.name == "grpo":  # nothing to score: weights 1, logged as 0 completions scored
+            return token_credit(m, batch, active=torch.zeros_like(adv, dtype=torch.bool), **kwargs)
+        if not m.needs_group:
+            return token_credit(m, batch, active=adv != 0, **kwargs)
+        # group statistics need whole groups: score the gathered rollout batch, keep this process's rows
+        full = self._gathered_batch(batch)
+        credit = token_credit(m, full, active=full.advantages != 0, **kwargs)
+        n, start = adv.shape[0], self.accelerator.process_index * adv.shape[0]
+        T = batch.completion_ids.shape[1]
+        sl = slice(start, start + n)
+        local = {k: getattr(credit, k)[sl, :T] for k in ("weights", "offsets", "scores", "mask", "answer_mask")}
+        return TokenCredit(credit.method, credit.combine, **local,
+                           flags={k: v[sl] for k, v in credit.flags.items()})
 
-    def _token_weights(
-        self, inputs: list[dict[str, Any]], output: dict[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Weights ``[B, T]`` (1 on every non-reasoning token and every unscored row) and diagnostics."""
-        completion_ids = output["completion_ids"]
-        B, T = completion_ids.shape
-        weights = torch.ones(B, T, dtype=torch.float32, device=completion_ids.device)
-        counts = dict.fromkeys(_COUNT_KEYS, 0)
-        counts["total"] = B
-        diag: dict[str, Any] = {"counts": counts, "stats": None}
-        active = (output["advantages"] != 0).nonzero().squeeze(1).tolist()
-        if self.args.credit == "grpo" or not active:
-            return weights, diag
+    def _gathered_batch(self, batch: CreditBatch) -> CreditBatch:
+        """The rollout batch of every process (padded to one length), with TRL's rewards and group ids."""
+        acc = self.accelerator
 
-        a = self.args
-        model = self.accelerator.unwrap_model(self.model)  # the policy (through its adapter for PEFT), no DDP hooks
-        w_rows, m_rows, s_rows, a_rows, rows = [], [], [], [], []
-        for start in range(0, len(active), a.oar_batch_size):
-            idx = active[start : start + a.oar_batch_size]
-            sel = torch.tensor(idx, device=completion_ids.device)
-            refs = [str(inputs[i][a.reference_column]) for i in idx] if a.answer_source == "reference" else None
-            pb = self._probe.build(
-                output["prompt_ids"][sel], output["prompt_mask"][sel],
-                completion_ids[sel], output["completion_mask"][sel], references=refs,
-            )
-            scores = self._scorer(
-                model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
-                **self._scorer_kwargs(),
-            ).detach()
-            comp_scores = pb.to_completion(scores).float()  # [b, T]
-            mask = pb.completion_reasoning_mask & pb.valid[:, None]
-            w = bilevel_weights(comp_scores, mask, a.oar_tau, a.oar_beta, a.oar_floor)
-            weights[sel] = w
-            nonfinite = torch.where(mask, ~torch.isfinite(comp_scores), False).any(dim=1)
-            counts["scored"] += len(idx)
-            counts["uniform"] += int(((w == 1) | ~mask).all(dim=1).sum())
-            counts["no_answer"] += int(pb.no_answer.sum())
-            counts["too_short"] += int((pb.too_short | pb.too_long).sum())
-            counts["nonfinite"] += int(nonfinite.sum())
-            counts["tokens"] += int(mask.sum())
-            w_rows.append(w)
-            m_rows.append(mask)
-            s_rows.append(comp_scores)
-            a_rows.append(pb.completion_answer_mask)
-            rows.extend(idx)
-        w_all, m_all = torch.cat(w_rows), torch.cat(m_rows)
-        diag["stats"] = weight_stats(w_all, m_all)
-        if a.oar_dump_every and self._oar_rollouts % a.oar_dump_every == 0 and self.accelerator.is_main_process:
-            self._dump_attributions(inputs, output, rows, torch.cat(s_rows), w_all, m_all, torch.cat(a_rows))
-        return weights, diag
+        def gather(t: torch.Tensor, left: bool = False) -> torch.Tensor:
+            if acc.num_processes == 1:
+                return t
+            return acc.gather(acc.pad_across_processes(t, dim=1, pad_index=0, pad_first=left))
 
-    def _log_oar_metrics(self, diag: dict[str, Any], seconds: float) -> None:
-        """Reduce the diagnostics over ranks (token-weighted means) and queue them for TRL's ``log``."""
-        c, stats = diag["counts"], diag["stats"] or dict.fromkeys(_STAT_KEYS, 0.0)
+        adv = acc.gather(batch.advantages) if acc.num_processes > 1 else batch.advantages
+        n = adv.shape[0]
+        rewards = torch.tensor(self._rollout_rewards(n), dtype=torch.float32, device=adv.device)
+        group = torch.arange(n, device=adv.device) // self.num_generations
+        return CreditBatch(
+            prompt_ids=gather(batch.prompt_ids, left=True), prompt_mask=gather(batch.prompt_mask, left=True),
+            completion_ids=gather(batch.completion_ids), completion_mask=gather(batch.completion_mask),
+            advantages=adv, rewards=rewards, group=group, model=batch.model,
+        )
+
+    def _log_oar_metrics(self, credit: TokenCredit, seconds: float) -> None:
+        """Reduce the diagnostics over ranks (token-weighted means) and queue them for TRL's ``log``. Every
+        rank logs the same keys, whatever it scored."""
+        c = credit.counts()
+        c["total"] = credit.flags["scored"].shape[0]
+        c["too_short"] += c.pop("too_long")
+        c["offset_abs"] = float(credit.offsets[credit.mask].abs().sum())
         n_tok = float(c["tokens"])
+        stats = weight_stats(credit.weights, credit.mask) if n_tok else dict.fromkeys(_STAT_KEYS, 0.0)
         local = [float(c[k]) for k in _COUNT_KEYS] + [n_tok * stats[k] for k in _STAT_KEYS]
         local += [stats["max"] if n_tok else -math.inf, stats["min"] if n_tok else math.inf, seconds]
         g = self.accelerator.gather(torch.tensor(local, dtype=torch.float64, device=self.accelerator.device))
@@ -257,6 +278,7 @@ class OARGRPOTrainer(GRPOTrainer):
         m["oar/frac_scored"].append(scored / max(tot["total"], 1.0))
         for k in ("uniform", "no_answer", "too_short", "nonfinite"):
             m[f"oar/frac_{k}"].append(tot[k] / scored if scored else 0.0)
+        m["oar/offset_abs_mean"].append(tot["offset_abs"] / tokens if tokens else 0.0)
         for k, s in zip(_STAT_KEYS, sums, strict=True):
             name = k if k in ("ess_ratio", "gini") else f"weight_{k}"
             if k == "max":
@@ -268,45 +290,44 @@ class OARGRPOTrainer(GRPOTrainer):
             m[f"oar/{name}"].append(value)
         m["oar/importance_time"].append(g[:, -1].max().item())
 
-    def _dump_attributions(
-        self, inputs: list[dict[str, Any]], output: dict[str, Any], rows: list[int], scores: torch.Tensor,
-        weights: torch.Tensor, mask: torch.Tensor, answer: torch.Tensor,
-    ) -> None:
-        """Append ``oar_dump_count`` scored completions to ``OUTPUT_DIR/attributions.jsonl`` (``[b, T]`` tensors
-        aligned with ``rows``, the completions' indices in ``output``)."""
+    def _dump_attributions(self, inputs: list[dict[str, Any]], output: dict[str, Any], credit: TokenCredit,
+                           sequence_advantages: torch.Tensor) -> None:
+        """Append the first ``oar_dump_count`` scored completions to ``OUTPUT_DIR/attributions.jsonl``."""
         from oar.attribution import AttributionRecord, append_records, decode_tokens
 
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
-        rewards = self._completion_rewards(output["completion_ids"].shape[0])
+        n_local = output["completion_ids"].shape[0]
+        p, start = self.accelerator.num_processes, self.accelerator.process_index * n_local
+        rewards = self._rollout_rewards(n_local * p)[start : start + n_local]
+        rows = credit.flags["scored"].nonzero().squeeze(1).tolist()[: self.args.oar_dump_count]
         records = []
-        for j, i in enumerate(rows[: self.args.oar_dump_count]):
+        for i in rows:
             n = int(output["completion_mask"][i].sum())
             prompt = inputs[i]["prompt"]
             records.append(AttributionRecord(
                 tokens=decode_tokens(tok, output["completion_ids"][i, :n].tolist()),
-                scores=scores[j, :n].tolist(),
-                weights=weights[j, :n].tolist(),
-                reasoning=mask[j, :n].tolist(),
-                answer=answer[j, :n].tolist(),
+                scores=credit.scores[i, :n].tolist(),
+                weights=credit.weights[i, :n].tolist(),
+                reasoning=credit.mask[i, :n].tolist(),
+                answer=credit.answer_mask[i, :n].tolist(),
                 credit=self.args.credit,
                 prompt=prompt if isinstance(prompt, str) else str(prompt[-1].get("content", "")),
-                advantage=float(output["advantages"][i]),
-                reward=rewards[i],
+                advantage=float(sequence_advantages[i]),
+                reward=None if math.isnan(rewards[i]) else rewards[i],
                 step=self.state.global_step,
+                offsets=credit.offsets[i, :n].tolist() if credit.combine in ("add", "replace") else None,
             ))
         os.makedirs(self.args.output_dir, exist_ok=True)
         append_records(os.path.join(self.args.output_dir, "attributions.jsonl"), records)
 
-    def _completion_rewards(self, n: int) -> list[float | None]:
-        """TRL's total reward (``reward_weights``-weighted sum) of this process's ``n`` completions of the latest
-        rollout batch; None where no reward function scored one. TRL keeps only the per-function rewards, for
-        all processes in rank order, in ``_logs["rewards"]`` (not in the batch it hands to the loss)."""
-        p = self.accelerator.num_processes
-        per_func = torch.tensor([list(self._logs["rewards"][name])[-n * p :] for name in self.reward_func_names])
-        start = self.accelerator.process_index * n
-        per_func = per_func[:, start : start + n]  # [F, n]
+    def _rollout_rewards(self, n: int) -> list[float]:
+        """TRL's total reward (``reward_weights``-weighted sum) of the latest rollout batch's ``n`` completions
+        (all processes, rank order); NaN where no reward function scored one. TRL keeps the per-function
+        rewards in ``_logs["rewards"]``, not in the batch it hands to the loss."""
+        per_func = torch.tensor([list(self._logs["rewards"][name])[-n:] for name in self.reward_func_names])
         total = (per_func * self.reward_weights.cpu()[:, None]).nansum(0)
-        return [None if unscored else float(r) for r, unscored in zip(total, per_func.isnan().all(0), strict=True)]
+        return [float("nan") if unscored else float(r)
+                for r, unscored in zip(total, per_func.isnan().all(0), strict=True)]
 
     # --- atomic checkpoints --------------------------------------------------------------------------------
     def _get_output_dir(self, trial: Any) -> str:

@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "attribute": "oar.cli.attribute",
     "report": "oar.cli.report",
     "compare": "oar.cli.compare",
+    "credits": "oar.cli.credits",
 }
 
 

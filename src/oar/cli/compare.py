@@ -13,10 +13,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--study", action="store_const", dest="preset", const="study",
                       help="6 seeds, 3 credits, 300 s per run (about 52 minutes on 2 cores)")
     p.set_defaults(preset="default", func=run)
-    p.add_argument("--credits", help="comma-separated credits, e.g. grpo,oar-g,oar-p (default: the preset's)")
+    p.add_argument("--credits", help="comma-separated credit methods or controls, e.g. grpo,oar-g,shuffle:oar-g "
+                   "(registered: oar.credit.credit_names(); default: the preset's)")
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
     p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
     p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 1)")
+    p.add_argument("--regime", help="task regime: default, terse, long, distract, verbose (oar.lab.regimes)")
     p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
     p.add_argument("--resume", action="store_true",
@@ -33,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
-                      verbosity=args.verbosity, workers=args.workers, resume=args.resume, verbose=args.verbose)
+                      verbosity=args.verbosity, workers=args.workers, resume=args.resume, regime=args.regime,
+                      verbose=args.verbose)
     print_summary(results, args.out)
     return 0

@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from oar.credit import get_credit
 from oar.files import atomic_write
 from oar.lab.run import RunConfig, train_lab
 from oar.lab.summary import format_results_table, summarize_comparison
@@ -24,7 +25,6 @@ from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.progress import RunTable
 from oar.quiet import quiet_libraries
 
-COMPARE_CREDITS = ("grpo", "oar-g", "oar-p", "entropy", "random")
 WARM_START_ROW, REPORT_ROW = "warm start (SFT)", "results and report"
 
 
@@ -105,11 +105,13 @@ def compare(
     out_dir: str | Path, preset: str = "default", credits: tuple[str, ...] | None = None,
     seeds: int | None = None, budget_s: float | None = None, verbosity: int | None = None, workers: int = 2,
     warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None, report: bool = True,
-    run_overrides: dict | None = None, resume: bool = False, progress: bool = True, verbose: bool = False,
+    run_overrides: dict | None = None, resume: bool = False, regime: str | None = None, progress: bool = True,
+    verbose: bool = False,
 ) -> dict:
     """Run every (credit, seed) of ``preset`` (overridden by the arguments) and write the results.
 
     ``run_overrides``: extra :class:`RunConfig` fields applied to every run (e.g. ``{"lr": 3e-4}``).
+    ``regime``: task overrides of :data:`oar.lab.regimes.REGIMES` (applied before ``verbosity``).
     ``resume``: keep the finished runs already in ``out_dir`` whose configuration is the one this call would
     run (an interrupted comparison continues where it stopped); every other run is trained from the start.
     ``progress``: draw the live table (warm start, then one line per run; :class:`oar.progress.RunTable`).
@@ -120,16 +122,17 @@ def compare(
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
-    credits = tuple(credits or p.credits)
-    for c in credits:
-        if c not in COMPARE_CREDITS:
-            raise ValueError(f"unknown credit {c!r}; valid: {', '.join(COMPARE_CREDITS)}")
+    credits = tuple(get_credit(c).name for c in (credits or p.credits))  # ValueError listing registered ones
     seeds = p.seeds if seeds is None else seeds
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     warm = warm or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
+    if regime is not None:
+        from oar.lab.regimes import apply_regime
+
+        warm = apply_regime(warm, regime)
     if verbosity is not None:
         warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
     fields = {"budget_s": budget_s or p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,

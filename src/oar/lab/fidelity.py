@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from oar.lab.task import FILLER, PIVOTAL, STRUCTURE, LabProblem
-from oar.reshape import bilevel_weights
+from oar.lab.task import ANSWER, DISTRACTOR, FILLER, LABEL_NAMES, PIVOTAL, LabProblem
 
-FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random")
-LABEL_NAMES = {PIVOTAL: "pivotal", STRUCTURE: "structure", FILLER: "filler"}
+# every method with a per-token signal of its own (group-statistics methods have none on worked solutions)
+FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random", "entropy-mask", "cf-span", "shuffle:oar-g",
+                    "inverted:oar-g")
+REASONING_KINDS = {k: n for k, n in LABEL_NAMES.items() if k != ANSWER}  # the kinds of reasoning token
 
 
 def pairwise_auc(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -49,24 +50,32 @@ def attribution_fidelity(
     model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...] = FIDELITY_SCORERS,
     conclude: str = "\\boxed{", batch_size: int = 32, seed: int = 0,
 ) -> dict[str, dict[str, float]]:
-    """AUC of each scorer for ranking pivotal reasoning tokens (operands, intermediate results) above
+    """AUC of each credit method for ranking pivotal reasoning tokens (operands, intermediate results) above
     answer-irrelevant filler, on the worked solutions of ``problems`` scored by ``model``.
 
-    Returns ``{scorer: {"auc_filler": mean AUC pivotal-vs-filler, "auc_rest": mean AUC pivotal-vs-every other
-    reasoning token, "completions": rows averaged, "weight_pivotal" / "weight_structure" / "weight_filler": mean
-    Bi-Level weight (``bilevel_weights`` defaults) of the reasoning tokens with that label}}``; AUC 0.5 is chance,
-    1.0 a perfect ranking; a mean weight above 1 means that kind of token gets more than its uniform share of the
-    advantage.
+    Every method runs through :func:`oar.credit.token_credit`, as in training; methods that read the rollout
+    group (``ktae``) have no signal on worked solutions alone and are rejected. Returns ``{method: {"auc_filler":
+    mean AUC pivotal-vs-filler, "auc_distractor": pivotal-vs-distractor (NaN without distractors), "auc_rest": mean
+    AUC pivotal-vs-every other reasoning token, "completions": rows averaged, "weight_pivotal" / "weight_structure"
+    / "weight_filler" / "weight_distractor": mean weight (the method's defaults) of the reasoning tokens with that
+    label (NaN when there are none)}}``; AUC 0.5 is chance, 1.0 a perfect ranking; a mean weight above 1 means that
+    kind of token gets more than its uniform share of the advantage.
     """
-    from oar.importance import get_scorer
+    from oar.credit import CreditBatch, get_credit, token_credit
     from oar.probe import OutcomeProbe
 
     if not problems:
         raise ValueError("problems is empty")
+    methods = [get_credit(s) for s in scorers]
+    for m in methods:
+        if m.needs_group:
+            raise ValueError(f"credit {m.name!r} reads rollout-group statistics: no fidelity on worked solutions")
     probe = OutcomeProbe(tokenizer, conclude=conclude)
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, dict[str, list[torch.Tensor]]] = {
-        s: {"auc_filler": [], "auc_rest": [], **{f"weights_{n}": [] for n in LABEL_NAMES.values()}} for s in scorers
+        m.name: {"auc_filler": [], "auc_distractor": [], "auc_rest": [],
+                 **{f"weights_{n}": [] for n in REASONING_KINDS.values()}}
+        for m in methods
     }
     model.eval()
     for i in range(0, len(problems), batch_size):
@@ -74,20 +83,78 @@ def attribution_fidelity(
         pb = probe(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
         reasoning = pb.completion_reasoning_mask & pb.valid[:, None]
         pos = reasoning & (b["labels"] == PIVOTAL)
-        for name in scorers:
-            kw = {"generator": gen} if name in ("oar-g", "random") else {}
-            scores = get_scorer(name)(model, pb.input_ids, pb.attention_mask, pb.reasoning_mask,
-                                      pb.answer_mask, **kw).detach()
-            comp = pb.to_completion(scores.float())
-            out[name]["auc_filler"].append(pairwise_auc(comp, pos, reasoning & (b["labels"] == FILLER)))
-            out[name]["auc_rest"].append(pairwise_auc(comp, pos, reasoning & ~pos))
-            weights = bilevel_weights(comp, reasoning)
-            for label, n in LABEL_NAMES.items():
-                out[name][f"weights_{n}"].append(weights[reasoning & (b["labels"] == label)])
+        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
+                            model=model)
+        for m in methods:
+            tc = token_credit(m, batch, probe=probe, batch_size=batch_size, generator=gen)
+            out[m.name]["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
+            out[m.name]["auc_distractor"].append(
+                pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == DISTRACTOR)))
+            out[m.name]["auc_rest"].append(pairwise_auc(tc.scores, pos, reasoning & ~pos))
+            for label, n in REASONING_KINDS.items():
+                out[m.name][f"weights_{n}"].append(tc.weights[reasoning & (b["labels"] == label)])
     result = {}
     for name, d in out.items():
-        f, r = torch.cat(d["auc_filler"]), torch.cat(d["auc_rest"])
-        result[name] = {"auc_filler": f.nanmean().item(), "auc_rest": r.nanmean().item(),
-                        "completions": int((~r.isnan()).sum()),
-                        **{f"weight_{n}": torch.cat(d[f"weights_{n}"]).mean().item() for n in LABEL_NAMES.values()}}
+        f, r, dis = torch.cat(d["auc_filler"]), torch.cat(d["auc_rest"]), torch.cat(d["auc_distractor"])
+        result[name] = {"auc_filler": f.nanmean().item(), "auc_distractor": dis.nanmean().item(),
+                        "auc_rest": r.nanmean().item(), "completions": int((~r.isnan()).sum()),
+                        **{f"weight_{n}": torch.cat(d[f"weights_{n}"]).mean().item()
+                           for n in REASONING_KINDS.values()}}
     return result
+
+
+def localisation(
+    model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...] = ("oar-g", "oar-p", "random"),
+    k: int = 4, temperature: float = 1.0, max_new_tokens: int = 128, batch_size: int = 32, seed: int = 0,
+) -> dict[str, dict[str, float]]:
+    """On the model's own failed samples whose error is a wrong step (:func:`oar.lab.task.first_wrong_step`): how
+    often each method's largest weight lands on the first wrong step (``rate``), the chance rate of a uniformly
+    random reasoning token (``chance``: the step's share of the reasoning tokens), the mean weight of the wrong
+    step's tokens (``weight_wrong_step``; > 1 means the penalty concentrates there) and the number of completions
+    (``completions``). Methods reading group statistics are rejected, as in :func:`attribution_fidelity`.
+    """
+    from oar.credit import CreditBatch, get_credit, token_credit
+    from oar.lab.model import sample
+    from oar.lab.task import extract_int, first_wrong_step
+    from oar.probe import OutcomeProbe
+
+    methods = [get_credit(s) for s in scorers]
+    for m in methods:
+        if m.needs_group:
+            raise ValueError(f"credit {m.name!r} reads rollout-group statistics: no localisation on single samples")
+    texts = sample(model, tokenizer, [p.prompt for p in problems] * k, temperature, max_new_tokens, seed=seed)
+    failed = []
+    for p, t in zip(problems * k, texts, strict=True):
+        span = first_wrong_step(p.prompt, t)
+        if extract_int(t) != p.answer and span is not None:
+            failed.append((p.prompt, t, span))
+    out = {m.name: {"hits": 0.0, "chance": 0.0, "weight": 0.0, "n": 0} for m in methods}
+    if not failed:
+        return {m.name: {"rate": float("nan"), "chance": float("nan"), "weight_wrong_step": float("nan"),
+                         "completions": 0} for m in methods}
+    probe = OutcomeProbe(tokenizer, conclude="\\boxed{")
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(0, len(failed), batch_size):
+        chunk = failed[i : i + batch_size]
+        b = lab_batch(tokenizer, [LabProblem(pr, t, 0, (ANSWER,) * len(t)) for pr, t, _ in chunk])
+        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
+                            model=model)
+        T = b["completion_ids"].shape[1]
+        pos = torch.arange(T)[None, :]
+        lo, hi = torch.tensor([s[0] for _, _, s in chunk])[:, None], torch.tensor([s[1] for _, _, s in chunk])[:, None]
+        wrong = (pos >= lo) & (pos < hi)  # one lab token per character
+        for m in methods:
+            tc = token_credit(m, batch, probe=probe, batch_size=batch_size, generator=gen)
+            rows = tc.mask.any(dim=1) & (tc.mask & wrong).any(dim=1)
+            top = tc.weights.masked_fill(~tc.mask, float("-inf")).argmax(dim=1)
+            hit = wrong.gather(1, top[:, None]).squeeze(1)
+            share = (tc.mask & wrong).sum(1) / tc.mask.sum(1).clamp_min(1)
+            w_wrong = (tc.weights * (tc.mask & wrong)).sum(1) / (tc.mask & wrong).sum(1).clamp_min(1)
+            d = out[m.name]
+            d["hits"] += float(hit[rows].sum())
+            d["chance"] += float(share[rows].sum())
+            d["weight"] += float(w_wrong[rows].sum())
+            d["n"] += int(rows.sum())
+    return {name: {"rate": d["hits"] / max(d["n"], 1), "chance": d["chance"] / max(d["n"], 1),
+                   "weight_wrong_step": d["weight"] / max(d["n"], 1), "completions": d["n"]}
+            for name, d in out.items()}

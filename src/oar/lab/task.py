@@ -7,23 +7,28 @@ solution computes one step per line and ends in the boxed answer:
 
 Every character of the completion carries a label (one char = one token with the lab tokenizer):
 ``PIVOTAL`` (digits of operands and intermediate results: the answer is a function of them),
-``STRUCTURE`` (operators, ``=``, separators), ``FILLER`` (answer-irrelevant padding, the verbosity knob)
-and ``ANSWER`` (the final ``\\boxed{...}`` statement).
+``STRUCTURE`` (operators, ``=``, separators), ``FILLER`` (answer-irrelevant padding, the verbosity knob),
+``ANSWER`` (the final ``\\boxed{...}`` statement) and ``DISTRACTOR`` (answer-irrelevant commentary that holds
+numbers, e.g. ``check 17``, the ``distractors`` knob: digits the answer never uses).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import asdict, dataclass, replace
 
-PIVOTAL, STRUCTURE, FILLER, ANSWER = 0, 1, 2, 3
-LABEL_NAMES = ("pivotal", "structure", "filler", "answer")
+PIVOTAL, STRUCTURE, FILLER, ANSWER, DISTRACTOR = 0, 1, 2, 3, 4
+LABEL_NAMES = {PIVOTAL: "pivotal", STRUCTURE: "structure", FILLER: "filler", ANSWER: "answer",
+               DISTRACTOR: "distractor"}
 # answer-irrelevant commentary; no digits, so a filler never restates a value the answer could copy
 FILLERS: tuple[str, ...] = (
     "ok", "fine", "next", "good", "check", "sure", "so far so good", "keep going", "looks right",
     "carry on", "right", "noted", "moving on", "all good", "step done", "easy",
 )
+# answer-irrelevant commentary holding a number (the number is never a value of the problem's chain)
+DISTRACTORS: tuple[str, ...] = ("check {n}", "not {n}", "about {n}", "{n} is close", "maybe {n}", "skip {n}")
 STEP_SEP = "; "
 BOXED = "\\boxed{"
 
@@ -37,6 +42,7 @@ class TaskConfig:
     ``verbosity``: filler phrases after each step (answer-irrelevant text; 0 = terse solutions).
     ``slip_rate``: probability that a step's written result is off by 1-3 (later steps continue from the
     wrong value), used only for warm-start demonstrations; problems for RL and evaluation are clean.
+    ``distractors``: number-holding commentary phrases after each step (labelled ``DISTRACTOR``).
     """
 
     min_steps: int = 2
@@ -47,6 +53,7 @@ class TaskConfig:
     max_value: int = 30
     verbosity: int = 1
     slip_rate: float = 0.0
+    distractors: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps:
@@ -59,9 +66,19 @@ class TaskConfig:
             raise ValueError(f"verbosity must be >= 0, got {self.verbosity}")
         if not 0.0 <= self.slip_rate < 1.0:
             raise ValueError(f"slip_rate must be in [0, 1), got {self.slip_rate}")
+        if self.distractors < 0:
+            raise ValueError(f"distractors must be >= 0, got {self.distractors}")
+
+    def key_fields(self) -> dict:
+        """The fields that identify the task (knobs added later count only when set, so earlier tasks, their
+        splits and their cached warm starts keep their keys)."""
+        return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
     def key(self) -> str:
-        return hashlib.sha1(repr(sorted(asdict(self).items())).encode()).hexdigest()[:12]
+        return hashlib.sha1(repr(sorted(self.key_fields().items())).encode()).hexdigest()[:12]
+
+
+_LATER_KNOBS = {"distractors": 0}
 
 
 @dataclass(frozen=True)
@@ -105,11 +122,15 @@ def _chain(rng: random.Random, cfg: TaskConfig, start: int, ops: list[tuple[str,
 def _solve(rng: random.Random, cfg: TaskConfig, start: int, ops: list[tuple[str, int]]) -> tuple[str, list[int]]:
     parts: list[tuple[str, int]] = []
     values = _chain(rng, cfg, start, ops)
+    unused = [v for v in range(cfg.max_value + 1) if v not in set(values) | {b for _, b in ops}]
     for (op, b), value, result in zip(ops, values, values[1:], strict=False):
         parts += [(str(value), PIVOTAL), (op, STRUCTURE), (str(b), PIVOTAL), ("=", STRUCTURE),
                   (str(result), PIVOTAL), (STEP_SEP, STRUCTURE)]
         for _ in range(cfg.verbosity):
             parts += [(rng.choice(FILLERS), FILLER), (STEP_SEP, STRUCTURE)]
+        for _ in range(cfg.distractors):
+            n = rng.choice(unused)
+            parts += [(rng.choice(DISTRACTORS).format(n=n), DISTRACTOR), (STEP_SEP, STRUCTURE)]
     parts.append((BOXED + str(values[-1]) + "}", ANSWER))
     text = "".join(t for t, _ in parts)
     labels = [lab for t, lab in parts for _ in t]
@@ -132,6 +153,7 @@ def max_completion_chars(cfg: TaskConfig) -> int:
     digits = len(str(cfg.max_value))
     step = 2 * digits + len(str(cfg.max_operand)) + 2 + len(STEP_SEP)
     step += cfg.verbosity * (max(map(len, FILLERS)) + len(STEP_SEP))
+    step += cfg.distractors * (max(len(d.format(n=cfg.max_value)) for d in DISTRACTORS) + len(STEP_SEP))
     return cfg.max_steps * step + len(BOXED) + digits + 1
 
 
@@ -157,6 +179,32 @@ def make_split(cfg: TaskConfig, split: str, n: int, seed: int = 0) -> list[LabPr
 def is_test_prompt(prompt: str) -> bool:
     """The fixed split rule: a prompt is held out iff its hash lands in bucket 0 of 8."""
     return hashlib.md5(prompt.encode()).digest()[0] % 8 == 0
+
+
+_STEP = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
+_OP = re.compile(r"([+-])(\d+)")
+
+
+def first_wrong_step(prompt: str, completion: str) -> tuple[int, int] | None:
+    """Character span ``[start, end)`` of the first wrong step of a lab completion, or None.
+
+    A step ``a±b=c`` is wrong when ``a`` is not the previous step's written result (the prompt's start value
+    for the first step), ``±b`` is not the prompt's operation at that position, or ``c != a ± b``. None when
+    every written step is right (the error, if any, is elsewhere: a missing step or the boxed value) or the
+    prompt does not parse.
+    """
+    head = re.match(r"(\d+)", prompt)
+    if head is None:
+        return None
+    value, ops = int(head.group(1)), _OP.findall(prompt[head.end():])
+    for i, m in enumerate(_STEP.finditer(completion)):
+        a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+        expected_op = ops[i] if i < len(ops) else None
+        right = (a == value and expected_op == (op, str(b)) and c == (a + b if op == "+" else a - b))
+        if not right:
+            return m.start(), m.end()
+        value = c
+    return None
 
 
 def extract_int(completion: str) -> int | None:

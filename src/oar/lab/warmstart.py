@@ -40,7 +40,7 @@ class WarmStartConfig:
     seed: int = 0
 
     def key(self) -> str:
-        blob = json.dumps({"v": CACHE_VERSION, **asdict(self)}, sort_keys=True)
+        blob = json.dumps({"v": CACHE_VERSION, **asdict(self), "task": self.task.key_fields()}, sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 

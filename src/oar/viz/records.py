@@ -47,17 +47,21 @@ def compute_records(
     prompts: Sequence[str],
     completions: Sequence[str],
     credits: Sequence[str] = (DEFAULT_CREDIT,),
+    rewards: Sequence[float] | None = None,
     **kwargs,
 ) -> list[AttributionRecord]:
     """Load ``model_name`` (see :func:`oar.models.load_model_and_tokenizer`) and score every completion
-    under every credit; ``kwargs`` go to :func:`oar.attribution.attribute_batch`. Completion-major order."""
-    from oar.importance import get_scorer
+    under every credit method; ``kwargs`` go to :func:`oar.attribution.attribute_batch`. Completion-major order."""
+    from oar.credit import get_credit
     from oar.models import load_model_and_tokenizer
 
-    for c in credits:
-        get_scorer(c)  # fail on a bad name before loading the model
+    for c in credits:  # fail on a bad name or a missing input before loading the model
+        if get_credit(c).needs_group and rewards is None:
+            raise ValueError(f"credit {c!r} reads the rollout group: give rows with a 'reward' field "
+                             "(completions of one prompt form a group)")
     model, tokenizer = load_model_and_tokenizer(model_name)
-    per_credit = [attribute_batch(model, tokenizer, prompts, completions, c, **kwargs) for c in credits]
+    per_credit = [attribute_batch(model, tokenizer, prompts, completions, c, rewards=rewards, **kwargs)
+                  for c in credits]
     return [rs[i] for i in range(len(prompts)) for rs in per_credit]
 
 
@@ -87,8 +91,10 @@ def collect_records(
             return select_records(read_records(from_jsonl), credits, step, limit)
         pairs = read_pairs(from_jsonl)[:limit]
     else:
-        pairs = [(prompt, completion)]
+        pairs = [(prompt, completion, None)]
     if model is None:
         raise ValueError("a model is needed to compute attributions (--model)")
-    prompts, completions = [p for p, _ in pairs], [c for _, c in pairs]
-    return compute_records(model, prompts, completions, list(credits or [DEFAULT_CREDIT]), **kwargs)
+    prompts, completions = [p for p, _, _ in pairs], [c for _, c, _ in pairs]
+    rewards = [r for _, _, r in pairs] if all(r is not None for _, _, r in pairs) else None
+    return compute_records(model, prompts, completions, list(credits or [DEFAULT_CREDIT]), rewards=rewards,
+                           **kwargs)

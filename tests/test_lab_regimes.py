@@ -1,0 +1,102 @@
+"""Lab regimes: distractor labels, the first wrong step, regime presets, fidelity per kind and localisation."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from oar.lab.fidelity import attribution_fidelity, localisation
+from oar.lab.model import ModelConfig, build_model, lab_tokenizer
+from oar.lab.regimes import REGIMES, apply_regime
+from oar.lab.task import DISTRACTOR, PIVOTAL, TaskConfig, first_wrong_step, make_split, max_completion_chars
+from oar.lab.warmstart import WarmStartConfig
+
+
+def test_distractors_hold_numbers_the_chain_never_uses():
+    cfg = TaskConfig(distractors=2, max_steps=4)
+    for p in make_split(cfg, "train", 40, seed=1):
+        chain = {int(x) for x in re.findall(r"\d+", p.prompt)} | {int(x) for x in re.findall(r"=(\d+)", p.completion)}
+        text = "".join(c if lab == DISTRACTOR else " " for c, lab in zip(p.completion, p.labels, strict=True))
+        numbers = [int(x) for x in re.findall(r"\d+", text)]
+        assert len(numbers) == 2 * len(re.findall(r"[+-]\d+", p.prompt))  # 2 per step
+        assert not set(numbers) & chain, "a distractor restates a value of the chain"
+        assert all(c.isdigit() for c, lab in zip(p.completion, p.labels, strict=True) if lab == PIVOTAL)
+        assert len(p.completion) <= max_completion_chars(cfg)
+
+
+def test_new_knobs_keep_the_old_keys():
+    assert TaskConfig().key() == TaskConfig(distractors=0).key() != TaskConfig(distractors=1).key()
+    assert "distractors" not in TaskConfig().key_fields()
+    old = make_split(TaskConfig(), "test", 5)
+    assert [p.completion for p in old] == [p.completion for p in make_split(TaskConfig(distractors=0), "test", 5)]
+    with pytest.raises(ValueError, match="distractors must be >= 0"):
+        TaskConfig(distractors=-1)
+
+
+@pytest.mark.parametrize("completion, want", [
+    ("25-8=17; ok; 17+5=22; \\boxed{22}", None),
+    ("25-8=17; ok; 17+5=23; \\boxed{23}", (13, 20)),  # arithmetic slip in step 2
+    ("25-8=18; ok; 18+5=23; \\boxed{23}", (0, 7)),  # step 1 wrong, step 2 right from the wrong value
+    ("25-8=17; ok; 17+6=23; \\boxed{23}", (13, 20)),  # wrong operand
+    ("25-8=17; ok; 16+5=21; \\boxed{21}", (13, 20)),  # copied the previous result wrong
+    ("no steps \\boxed{3}", None),
+])
+def test_first_wrong_step(completion, want):
+    assert first_wrong_step("25-8+5=", completion) == want
+
+
+def test_regimes_apply_to_the_warm_start_task():
+    assert set(REGIMES) >= {"default", "terse", "long", "distract", "verbose"}
+    w = apply_regime(WarmStartConfig(), "long")
+    assert (w.task.min_steps, w.task.max_steps, w.task.slip_rate) == (6, 8, WarmStartConfig().task.slip_rate)
+    assert apply_regime(WarmStartConfig(), "default") == WarmStartConfig()
+    with pytest.raises(ValueError, match="unknown regime 'longer'; regimes: default"):
+        apply_regime(WarmStartConfig(), "longer")
+
+
+def test_fidelity_per_kind_and_localisation_run_on_a_tiny_model():
+    tok = lab_tokenizer()
+    model = build_model(ModelConfig(hidden=32, layers=1, mlp=64), len(tok), seed=0).eval()
+    problems = make_split(TaskConfig(distractors=1, max_steps=2), "test", 12)
+    res = attribution_fidelity(model, tok, problems, scorers=("random", "entropy"), batch_size=12)
+    for r in res.values():
+        assert 0.0 <= r["auc_distractor"] <= 1.0 and r["weight_distractor"] > 0
+
+
+def test_localisation_counts_where_the_largest_weight_lands(monkeypatch):
+    import torch
+
+    import oar.lab.model
+    from oar.credit import register_credit, unregister_credit
+
+    tok = lab_tokenizer()
+    model = build_model(ModelConfig(hidden=32, layers=1, mlp=64), len(tok), seed=0).eval()
+    problems = make_split(TaskConfig(max_steps=2, min_steps=2), "test", 3)
+    wrong = []  # each problem's solution with its last step's result off by one
+    for p in problems:
+        head, _, tail = p.completion.rpartition("=")
+        value = int(re.match(r"\d+", tail).group())
+        wrong.append(f"{head}={value + 1}{tail[len(str(value)):]}".replace(f"{{{value}}}", f"{{{value + 1}}}"))
+    monkeypatch.setattr(oar.lab.model, "sample", lambda m, t, prompts, *a, **k: (wrong * 2)[: len(prompts)])
+    spans = [first_wrong_step(p.prompt, w) for p, w in zip(problems, wrong, strict=True)]
+    assert all(s is not None for s in spans)
+
+    @register_credit("t-oracle", combine="multiply", needs_policy=False, needs_probe=False, passes="0",
+                     paper="test", summary="weight 2 on the first wrong step",
+                     effect=lambda scores, mask: 1 + scores)
+    def oracle(batch):
+        out = torch.zeros(batch.completion_ids.shape)
+        for i, ids in enumerate(batch.completion_ids.tolist()):
+            lo, hi = spans[wrong.index(tok.decode(ids, skip_special_tokens=True))]
+            out[i, lo:hi] = 1.0
+        return out
+
+    try:
+        loc = localisation(model, tok, problems, scorers=("t-oracle", "random"), k=1)
+    finally:
+        unregister_credit("t-oracle")
+    assert loc["t-oracle"]["completions"] == 3 and loc["t-oracle"]["rate"] == 1.0
+    assert loc["t-oracle"]["weight_wrong_step"] > 1.0
+    # chance: the wrong step's share of the tokens each method acts on (all tokens here, the reasoning for random)
+    assert 0.0 < loc["t-oracle"]["chance"] < loc["random"]["chance"] < 0.6
