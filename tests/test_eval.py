@@ -308,3 +308,15 @@ def test_smollm2_is_the_offline_demo_model(tmp_path):
     recs = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert summary["benchmarks"]["gsm8k"]["problems"] == 2 and len(recs) == 2
     assert all(r["prompt"].startswith("<|im_start|>") and r["completion"].strip() for r in recs)
+
+
+def test_evaluate_shows_one_line_per_benchmark_with_its_running_accuracy(monkeypatch, tmp_path, capsys):
+    config = EvalConfig(model="fake", benchmarks="gsm8k,aime24", data_dir=SHARED_DATA, limit=6,
+                        batch_size=4, output_dir=str(tmp_path))
+    _install_fake(monkeypatch, config)
+    summary = evaluate(config, progress=True)
+    out = capsys.readouterr().out
+    for name in ("gsm8k", "aime24"):
+        acc = 100 * summary["benchmarks"][name]["metrics"]["accuracy"]["mean"]
+        line = next(line for line in out.splitlines() if line.startswith(f"eval {name}"))
+        assert "6/6" in line and f"acc {acc:.1f}%" in line  # after the last batch: the benchmark's accuracy

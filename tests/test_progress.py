@@ -87,3 +87,24 @@ def test_quiet_libraries_silences_only_inside_and_restores():
             warnings.warn(deprecation, FutureWarning, stacklevel=1)  # --verbose: everything stays
     assert [str(w.message) for w in seen] == ["something else", deprecation, deprecation]
     assert tf_logging.get_verbosity() == level and tf_logging.is_progress_bar_enabled() and not ds_logger.filters
+
+
+def test_train_progress_line_follows_steps_and_logged_values():
+    from types import SimpleNamespace
+
+    from oar.training import TrainProgressCallback
+
+    args, state = SimpleNamespace(disable_tqdm=False), SimpleNamespace(is_world_process_zero=True, max_steps=3,
+                                                                       global_step=0)
+    cb = TrainProgressCallback()
+    cb.on_train_begin(args, state, None)
+    cb.on_log(args, state, None, logs={"reward": 0.5, "step_time": 1.234, "oar/importance_share": 0.25, "loss": 1})
+    for _ in range(3):
+        cb.on_step_end(args, state, None)
+    task = cb.lines._progress.tasks[0]
+    assert task.completed == 3 and task.total == 3 and task.fields["info"] == "reward 0.500  s/step 1.23  scoring 25%"
+    cb.on_train_end(args, state, None)
+    assert cb.lines is None
+    quiet = TrainProgressCallback()
+    quiet.on_train_begin(SimpleNamespace(disable_tqdm=True), state, None)  # --disable_tqdm: no line
+    assert quiet.lines is None
