@@ -113,3 +113,24 @@ def test_tiny_end_to_end_compare(tmp_path):
     compare(tmp_path / "out", preset="quick", credits=("grpo",), seeds=1, budget_s=2, workers=1, warm=warm,
             cache_dir=tmp_path / "cache", report=False, run_overrides=overrides, resume=True)
     assert (tmp_path / "out" / "grpo-s0" / "summary.json").stat().st_mtime_ns != stamp["grpo"]
+
+
+def test_terminal_summary_is_compact_and_names_both_differences(tmp_path):
+    from rich.console import Console
+
+    from oar.lab.summary import terminal_summary
+
+    dirs = {("grpo", 0): _fake_run(tmp_path / "g0", [0.2, 0.3, 0.4, 0.4], 1.0, 0.5),
+            ("grpo", 1): _fake_run(tmp_path / "g1", [0.2, 0.3, 0.3, 0.5], 1.0, 0.4),
+            ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2, 0.45, 0.5, 0.5], 1.5, 0.6),
+            ("oar-g", 1): _fake_run(tmp_path / "o1", [0.2, 0.2, 0.3, 0.3], 1.5, 0.6)}
+    res = {**summarize_comparison(dirs), "seeds": 2}
+    console = Console(record=True, width=80, color_system=None)
+    console.print(terminal_summary(res))
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    assert max(map(len, lines)) <= 80 and lines[0] == "held-out accuracy, points (± 95% CI over 2 seeds)"
+    # final 40.0 ± 127.1 (t(1) 12.706 × 0.1414 / √2), Δ at the same budget; at step 30: 40 vs 45, Welch se
+    # √(0.02/2 + 0.005/2) = 0.1118 with df 1.47 -> t(1): ±142.1
+    assert lines[3].split() == ["oar-g", "40.0", "±", "127.1", "+0.0", "[±127.1]", "-5.0", "[±142.1]", "@30",
+                                "1.50"]
+    assert lines[2].split() == ["grpo", "40.0", "±", "0.0", "–", "–", "1.00"]

@@ -156,3 +156,14 @@ def test_final_save_is_all_or_previous(tmp_path):
     assert (tmp_path / "config.json").read_text() == "{old}"
     save_final_model(_FakeTrainer({"config.json": "{new}", "model.safetensors": "new weights"}), tmp_path)
     assert (tmp_path / "model.safetensors").read_text() == "new weights" and not (tmp_path / FINAL_STAGING).exists()
+
+
+def test_training_and_evaluation_share_one_prompt_template(tmp_path):
+    from oar.eval.generation import DEFAULT_PROMPT
+    from oar.prompts import PROMPT_TEMPLATE, fill_template
+    from oar.training import TrainArguments
+
+    assert TrainArguments().prompt_template == DEFAULT_PROMPT == PROMPT_TEMPLATE
+    assert fill_template(PROMPT_TEMPLATE, "1+1?").startswith("1+1?\nPlease reason step by step")
+    with pytest.raises(ValueError, match=r"'\{prompt\}' is now '\{question\}'"):
+        fill_template("Q: {prompt}", "x")

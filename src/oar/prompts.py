@@ -9,7 +9,8 @@ PROMPT_TEMPLATE = PLACEHOLDER + "\nPlease reason step by step, and put your fina
 def check_template(template: str) -> str:
     """``template`` itself; ValueError when it lacks the ``{question}`` placeholder."""
     if PLACEHOLDER not in template:
-        raise ValueError(f"prompt template must contain '{PLACEHOLDER}': {template!r}")
+        hint = " (oar train's '{prompt}' is now '{question}', as in oar eval)" if "{prompt}" in template else ""
+        raise ValueError(f"prompt template must contain '{PLACEHOLDER}'{hint}: {template!r}")
     return template
 
 

@@ -7,6 +7,7 @@ seed starts from the same cached warm start and draws the same prompts. Writes `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -140,7 +141,10 @@ def compare(
     base = RunConfig(warm=warm, **fields)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with quiet_libraries(verbose), _live(progress) as live:
+    from rich.live import Live
+
+    # Live re-draws the view 4 times a second and leaves its last state on the screen
+    with quiet_libraries(verbose), (Live(refresh_per_second=4) if progress else contextlib.nullcontext()) as live:
         return _compare(out, preset, base, credits, seeds, workers, cache_dir, report, resume, live, verbose)
 
 
@@ -176,34 +180,14 @@ def _compare(out: Path, preset: str, base: RunConfig, credits: tuple[str, ...], 
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers})
     atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
-    atomic_write(out / "results.md", format_results_table(results))
+    table = format_results_table(results)
+    atomic_write(out / "results.md", table)
     if report:
         from oar.viz.report import write_report
 
-        write_report([str(d) for d in dirs.values()], out, results_md=format_results_table(results))
+        write_report([str(d) for d in dirs.values()], out, results_md=table)
     view.update(REPORT_ROW, status="done")
     return results
-
-
-class _live:
-    """``rich.live.Live`` when ``enabled`` (it re-draws the view 4 times a second), else None."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.live = None
-        if enabled:
-            from rich.live import Live
-
-            self.live = Live(refresh_per_second=4, transient=False)
-
-    def __enter__(self):
-        if self.live is not None:
-            self.live.start()
-        return self.live
-
-    def __exit__(self, *exc) -> None:
-        if self.live is not None:
-            self.live.refresh()
-            self.live.stop()
 
 
 def _drain(events, view: RunTable) -> None:
@@ -221,8 +205,11 @@ def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False) -
     try:
         if workers == 1:
             _init_worker(events, verbose)
-            for j in jobs:
-                _job(j)
+            try:
+                for j in jobs:
+                    _job(j)
+            finally:
+                _init_worker(None, False)
             return
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                  initargs=(events, verbose)) as pool:

@@ -121,7 +121,9 @@ def terminal_summary(results: dict):
     from rich.table import Table
 
     ref = results["reference"]
-    table = Table(title=f"held-out accuracy (points, ± 95% CI over {results.get('seeds', '?')} seed(s))",
+    seeds = results.get("seeds", 1)
+    table = Table(title="held-out accuracy, points " + (f"(± 95% CI over {seeds} seeds)" if seeds > 1
+                                                         else "(1 seed: no interval)"),
                   title_justify="left", box=None, pad_edge=False)
     for name in ("credit", "final acc", f"Δ vs {ref}, same budget", f"Δ vs {ref}, same updates", "s/step"):
         table.add_column(name, justify="left" if name == "credit" else "right", no_wrap=True)
