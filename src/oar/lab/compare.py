@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import multiprocessing as mp
+import multiprocessing.queues
 import queue
 import threading
 import time
@@ -218,3 +219,6 @@ def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False) -
     finally:
         events.put(None)
         drain.join(timeout=10)
+        if isinstance(events, mp.queues.Queue):
+            events.close()
+            events.join_thread()

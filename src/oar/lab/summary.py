@@ -134,7 +134,7 @@ def terminal_summary(results: dict):
         same_updates = (f"{_fmt_diff(a['matched_diff'])} @{a['matched_step']}" if "matched_step" in a
                         and credit != ref else "–")
         table.add_row(credit, f"{100 * acc['mean']:.1f}{ci}", same_budget, same_updates,
-                      _fmt(a["step_time"], 1, 2).split(" ±")[0])
+                      f"{a['step_time']['mean']:.2f}")
     table.caption = ("Δ: difference of means [Welch 95% CI]; same updates: at the fewest steps any run of the pair "
                      "made (@step). Full table: results.md.")
     table.caption_justify = "left"
