@@ -50,10 +50,16 @@ def test_table_renders_one_line_per_run_and_the_overall_count():
     assert lines[0] == "oar compare"
     assert [line.split()[0] for line in lines[2:5]] == ["warm", "grpo-s0", "oar-g-s0"]
     grpo = lines[3].split()
-    assert grpo[1:4] == ["running", "12", "█████░░░░░"] and "41.5%" in grpo and "1.23" in grpo
+    assert grpo[1:4] == ["running", "12", "████░░░░"] and "41.5%" in grpo and "1.23" in grpo
     assert lines[4].split()[:2] == ["oar-g-s0", "failed"] and lines[2].split()[:3] == ["warm", "start", "cached"]
     assert "█" not in lines[2] and lines[2].endswith("abc123")  # a stage without steps has no bar
     assert lines[5].startswith("0/2 runs done · elapsed ")
+    narrow = Console(record=True, width=72, color_system=None)  # the free-text note gives way, one line per row
+    view.update("warm start", note="a very long note " * 5)
+    narrow.print(view)
+    rows = [line.rstrip() for line in narrow.export_text().splitlines()]
+    assert len(rows) == 6 and max(map(len, rows)) <= 72
+    assert rows[3].split()[:3] == ["grpo-s0", "running", "12"] and rows[2].endswith("…")
 
 
 def test_progress_lines_count_per_name_and_close():

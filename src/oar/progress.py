@@ -96,18 +96,22 @@ class RunTable:
 
     def __rich__(self):
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title=self.title or None, title_justify="left", box=None, pad_edge=False, expand=False)
-        for name, justify in (("run", "left"), ("", "left"), ("step", "right"), ("budget", "right"),
-                              ("held-out acc", "right"), ("s/step", "right"), ("", "left")):
-            table.add_column(name, justify=justify, no_wrap=True)
+        # fixed columns keep their width; the free-text note is the one that shrinks on a narrow terminal
+        width = max(map(len, self.rows), default=3)
+        for name, justify, min_width in (("run", "left", width), ("", "left", 8), ("step", "right", 5),
+                                         ("budget", "right", 13), ("accuracy", "right", 8), ("s/step", "right", 6)):
+            table.add_column(name, justify=justify, no_wrap=True, min_width=min_width)
+        table.add_column("", overflow="ellipsis", no_wrap=False)
         for r in self.rows.values():
             step = f"{r.step}/{r.total}" if r.total else (str(r.step) if r.step else "")
             table.add_row(
                 r.name, _STATUS.get(r.status, r.status), step,
                 _bar(r.done) if r.status != "queued" and (r.total or r.name in self.names) else "",
                 f"{100 * r.accuracy:.1f}%" if r.accuracy is not None else "",
-                f"{r.s_per_step:.2f}" if r.s_per_step else "", r.note,
+                f"{r.s_per_step:.2f}" if r.s_per_step else "", Text(r.note, no_wrap=True, overflow="ellipsis"),
             )
         eta = self.eta_s()
         ended = sum(self.rows[n].status in ("done", "cached") for n in self.names)
@@ -121,7 +125,7 @@ _STATUS = {"queued": "[dim]queued[/]", "starting": "[yellow]starting[/]", "runni
            "done": "[green]done[/]", "cached": "[green]cached[/]", "failed": "[red]failed[/]"}
 
 
-def _bar(done: float, width: int = 10) -> str:
+def _bar(done: float, width: int = 8) -> str:
     done = min(max(done, 0.0), 1.0)
     full = int(done * width)
     return "█" * full + "░" * (width - full) + f" {100 * done:3.0f}%"

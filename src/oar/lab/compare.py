@@ -164,7 +164,7 @@ def _compare(out: Path, preset: str, base: RunConfig, credits: tuple[str, ...], 
     warm_s = time.perf_counter() - t0  # once, before the workers (they load the cache)
     cached = view.rows[WARM_START_ROW].step == 0
     view.update(WARM_START_ROW, status="cached" if cached else "done",
-                note=f"{warm_path}" if cached else f"{view.rows[WARM_START_ROW].note}, {warm_s:.0f} s")
+                note=f"key {warm_path.name}" if cached else f"{view.rows[WARM_START_ROW].note}, {warm_s:.0f} s")
     jobs, dirs = [], {}
     for seed in range(seeds):  # seed-major: the credits of one seed run side by side on the cores
         for c in credits:
