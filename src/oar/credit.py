@@ -372,7 +372,18 @@ def token_credit(
         mask = active[:, None] & cmask
         scores = torch.where(mask, s, torch.zeros_like(s))
     flags["nonfinite"] = torch.where(mask, ~torch.isfinite(scores), False).any(dim=1)
-    effect = _call(m.effect, scores, mask, options=opts, generator=generator, batch=batch).float()
+    weights, offsets = credit_effect(m, scores, mask, options=opts, generator=generator, batch=batch)
+    flags["uniform"] = active & (((weights == 1) & (offsets == 0)) | ~mask).all(dim=1)
+    return TokenCredit(m.name, m.combine, weights, offsets, scores, mask, answer, flags)
+
+
+def credit_effect(m: CreditMethod, scores: torch.Tensor, mask: torch.Tensor, *, options: Mapping[str, Any],
+                  generator: torch.Generator | None = None,
+                  batch: CreditBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The method's effect on ``scores [B, T]`` over the masked tokens of the whole batch, as ``(weights,
+    offsets)`` ``[B, T]`` float32 (weights 1 and offsets 0 off ``mask``); ``A[:, None] · weights + offsets`` are
+    the token advantages. ``options`` are the method's checked options (``m.check_options``)."""
+    effect = _call(m.effect, scores, mask, options=options, generator=generator, batch=batch).float()
     if m.combine in ("add", "replace"):
         offsets = torch.where(mask, effect, torch.zeros_like(effect))
         one = 0.0 if m.combine == "replace" else 1.0
@@ -380,8 +391,13 @@ def token_credit(
     else:
         weights = torch.where(mask, effect, torch.ones_like(effect))
         offsets = torch.zeros_like(effect)
-    flags["uniform"] = active & (((weights == 1) & (offsets == 0)) | ~mask).all(dim=1)
-    return TokenCredit(m.name, m.combine, weights, offsets, scores, mask, answer, flags)
+    return weights, offsets
+
+
+def call_with_options(fn: Callable[..., Any], *args: Any, options: Mapping[str, Any], **context: Any) -> Any:
+    """``fn(*args, ...)`` with the ``options`` and ``context`` entries its signature names (how
+    :func:`token_credit` calls a method's score and effect)."""
+    return _call(fn, *args, options=options, **context)
 
 
 def _probe_chunk(m: CreditMethod, batch: CreditBatch, idx: torch.Tensor, probe: Any,

@@ -62,3 +62,4 @@ register_credit(
 )(random_scores)
 
 from oar import peers as _peers  # noqa: E402,F401  (registers the peer methods)
+from oar.importance import guided as _guided  # noqa: E402,F401  (registers oar-pg)

@@ -1,13 +1,15 @@
-"""Atomic file writes (temporary file in the same directory, then ``os.replace``): the one writer of every
-result file, so a crash never leaves a half-written one."""
+"""Crash-safe files: atomic writes (temporary file in the same directory, then ``os.replace``), atomic directory
+replacement, the one JSONL appender and reader, and the writable-directory check run before expensive work."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
@@ -26,6 +28,49 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         os.unlink(tmp)
         raise
     return path
+
+
+def check_writable_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` if needed and prove a file can be written in it; ValueError naming it otherwise (a file
+    in the way, no permission, a read-only file system), before any expensive work."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output directory {str(path)!r} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ValueError(f"output directory {str(path)!r} is not writable ({err.strerror or err})") from err
+    return path
+
+
+def replace_dir(staged: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Move the finished directory ``staged`` to ``target`` (same file system) by renames only: an existing
+    ``target`` is first renamed aside into ``staged``'s parent (a staging area the next save clears) and then
+    deleted, so ``target`` is at every moment the old directory or the new one, never a mix."""
+    staged, target = Path(staged), Path(target)
+    aside = staged.parent / f".replaced-{target.name}"
+    if target.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(target, aside)
+    os.replace(staged, target)
+    shutil.rmtree(aside, ignore_errors=True)
+    return target
+
+
+def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], **dumps: Any) -> None:
+    """Append ``records`` to a JSONL file as one write (a crash tears at most the last line, which
+    :func:`read_jsonl` skips); a line torn by an earlier crash is ended first. ``dumps``: ``json.dumps`` options."""
+    text = "".join(json.dumps(r, **dumps) + "\n" for r in records)
+    if not text:
+        return
+    with open(path, "a+b") as f:
+        if f.tell() and (f.seek(f.tell() - 1), f.read(1))[1] != b"\n":
+            text = "\n" + text
+        f.write(text.encode("utf-8"))
+        f.flush()
 
 
 def iter_jsonl(path: str | os.PathLike, skip_torn_tail: bool = False) -> Iterator[tuple[int, dict]]:

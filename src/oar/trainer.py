@@ -2,27 +2,30 @@
 
 The only module that knows TRL. Per rollout batch it calls TRL's own ``_generate_and_score_completions``,
 builds the outcome probe for the completions whose advantage is non-zero, scores their reasoning tokens with
-the unwrapped policy, reshapes the scores into Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to
-TRL's loss. TRL buffers the batch, so the weights are computed once and reused across ``num_iterations`` and
-``steps_per_generation``, like the old log-probs.
+the policy (its full weights, also under FSDP2 and ZeRO-3: :mod:`oar.distributed`), reshapes the scores into
+Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to TRL's loss. TRL buffers the batch, so the
+weights are computed once and reused across ``num_iterations`` and ``steps_per_generation``, like the old
+log-probs.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from oar.credit import CreditBatch, TokenCredit, get_credit, token_credit
+from oar import checkpoints
+from oar.checkpoints import STAGING_DIR
+from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token_credit
+from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
 from oar.probe import DEFAULT_CONCLUDE
 from oar.reshape import BETA, FLOOR, TAU, weight_stats
 
@@ -34,9 +37,7 @@ _OPTION_FIELDS = {"tau": "oar_tau", "beta": "oar_beta", "floor": "oar_floor", "m
 # metric keys of weight_stats, logged as "oar/weight_<key>" (ess_ratio and gini keep their own name)
 _STAT_KEYS = ("mean", "std", "max", "min", "frac_suppressed", "frac_floor", "ess_ratio", "gini")
 _COUNT_KEYS = ("total", "scored", "uniform", "no_answer", "too_short", "nonfinite", "tokens", "offset_abs")
-# checkpoints are written here and renamed into OUTPUT_DIR/checkpoint-N when complete (no "checkpoint-" prefix:
-# transformers' rotation and resume never see it)
-STAGING_DIR = ".checkpoint-staging"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -172,14 +173,8 @@ class OARGRPOTrainer(GRPOTrainer):
                              f"which the train dataset lacks; columns: {columns}")
         self._credit = get_credit(self.args.credit)
         self._credit_options = self.args.method_options(self._credit)
-        if self._credit.name != "grpo" and (
-            self.is_fsdp_enabled
-            or (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3)
-        ):
-            raise ValueError(
-                f"credit={self.args.credit!r} scores tokens with the full policy on every rank; FSDP and "
-                "DeepSpeed ZeRO-3 shard it and are not supported yet (use ZeRO-2 or DDP, or credit='grpo')"
-            )
+        if self._credit.needs_policy and self.is_fsdp_enabled and not self.accelerator.is_fsdp2:
+            raise ValueError(f"credit={self.args.credit!r}: {FSDP1_MESSAGE}")
         self._probe = None
         if self._credit.needs_probe:
             from oar.probe import OutcomeProbe
@@ -201,6 +196,7 @@ class OARGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if not self.model.training:  # evaluation: the loss is reported with plain GRPO advantages
             return output
+        self._check_rewards(output["completion_ids"].shape[0])
         t0 = time.perf_counter()
         credit = self._token_credit(inputs, output)
         sequence_advantages = output["advantages"]  # [B]
@@ -214,13 +210,30 @@ class OARGRPOTrainer(GRPOTrainer):
 
     # --- pieces ------------------------------------------------------------------------------------------
     def _token_credit(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> TokenCredit:
-        """This process's token credit of the rollout batch (completions with a non-zero advantage are scored)."""
-        a, m = self.args, self._credit
+        """This process's token credit of the rollout batch (completions with a non-zero advantage are scored).
+
+        A method that reads the policy scores it with its full weights (FSDP2 / ZeRO-3: gathered once for the
+        whole pass, :func:`oar.distributed.full_policy`), and every process makes the same number of scorer
+        calls (light ones add dummy calls), so sharded collectives always pair up.
+        """
+        m = self._credit
+        if not m.needs_policy:
+            return self._credit_with(m, None, inputs, output)
+        if sharding_of(self.model_wrapped) is None:
+            policy_ctx = nullcontext(self.accelerator.unwrap_model(self.model))  # the policy without DDP hooks
+        else:
+            policy_ctx = full_policy(self.model_wrapped)
+        with policy_ctx as policy, equal_scorer_calls(m, policy, self._credit_options) as counted:
+            return self._credit_with(counted, policy, inputs, output)
+
+    def _credit_with(self, m: CreditMethod, model: Any, inputs: list[dict[str, Any]],
+                     output: dict[str, Any]) -> TokenCredit:
+        a = self.args
         adv = output["advantages"]
         batch = CreditBatch(
             prompt_ids=output["prompt_ids"], prompt_mask=output["prompt_mask"],
             completion_ids=output["completion_ids"], completion_mask=output["completion_mask"], advantages=adv,
-            model=self.accelerator.unwrap_model(self.model) if m.needs_policy else None,  # no DDP hooks
+            model=model,
         )
         refs = [str(row[a.reference_column]) for row in inputs] if a.answer_source == "reference" else None
         kwargs = dict(probe=self._probe, references=refs, batch_size=a.oar_batch_size,
@@ -329,50 +342,40 @@ class OARGRPOTrainer(GRPOTrainer):
         return [float("nan") if unscored else float(r)
                 for r, unscored in zip(total, per_func.isnan().all(0), strict=True)]
 
-    # --- atomic checkpoints --------------------------------------------------------------------------------
+    def _check_rewards(self, n: int) -> None:
+        """Log ``oar/nonfinite_rewards`` (completions of the latest rollout batch, all ranks, whose reward is inf,
+        or NaN from every reward function) and warn when there are any: TRL zeroes their advantages (an inf
+        zeroes its whole group's), so they train on nothing."""
+        p = self.accelerator.num_processes
+        per_func = torch.tensor([list(self._logs["rewards"][name])[-n * p :] for name in self.reward_func_names])
+        bad = per_func.isinf().any(0) | per_func.isnan().all(0)  # [n * p]
+        count = int(bad.sum())
+        self._metrics["train"]["oar/nonfinite_rewards"].append(float(count))
+        if count and self.accelerator.is_main_process:
+            logger.warning(
+                "oar: %d of %d completions in rollout batch %d (step %d) have a non-finite reward (inf or NaN); "
+                "their advantages are zero%s. Check the reward functions %s.", count, bad.numel(),
+                self._oar_rollouts, self.state.global_step,
+                ": this batch trains on nothing" if count == bad.numel() else "", self.reward_func_names,
+            )
+
+    # --- atomic checkpoints with OAR's own state (oar.checkpoints) -----------------------------------------
     def _get_output_dir(self, trial: Any) -> str:
         run_dir = super()._get_output_dir(trial)
         return os.path.join(run_dir, STAGING_DIR) if self._oar_staging else run_dir
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """TRL's checkpoint, written into the staging dir, then renamed to ``checkpoint-N`` and rotated."""
-        run_dir = self._get_output_dir(trial)
-        staging = os.path.join(run_dir, STAGING_DIR)
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
-        self.accelerator.wait_for_everyone()
-        self._oar_staging = True
-        try:
-            super()._save_checkpoint(model, trial)  # rotates inside the staging dir: a no-op
-        finally:
-            self._oar_staging = False
-        self.accelerator.wait_for_everyone()  # every rank has written its files (e.g. its RNG state)
-        target = os.path.join(run_dir, name)
-        staged_best = self.state.best_model_checkpoint == os.path.join(staging, name)
-        if staged_best:
-            self.state.best_model_checkpoint = target
-        if not self.args.should_save:
-            return
-        if staged_best:
-            self.state.save_to_json(os.path.join(staging, name, TRAINER_STATE_NAME))
-        if os.path.exists(target):  # written by an earlier, interrupted run: moved aside in one step, then deleted
-            os.replace(target, os.path.join(staging, "replaced"))
-        os.replace(os.path.join(staging, name), target)
-        shutil.rmtree(staging)
-        self._rotate(run_dir)
+        checkpoints.save_atomic(self, trial, lambda: super(OARGRPOTrainer, self)._save_checkpoint(model, trial))
 
-    def _rotate(self, run_dir: str) -> None:
-        """transformers' ``save_total_limit`` rotation of ``run_dir``."""
-        from transformers import trainer_utils
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        checkpoints.save_oar_state(self, output_dir)
 
-        if not hasattr(trainer_utils, "rotate_checkpoints"):  # older transformers (5.0): a Trainer method
-            self._rotate_checkpoints(use_mtime=True, output_dir=run_dir)
-            return
-        trainer_utils.rotate_checkpoints(
-            output_dir=run_dir, save_total_limit=self.args.save_total_limit,
-            best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True,
-        )
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        if checkpoint is not None:
+            checkpoints.load_oar_state(self, checkpoint)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         m = self._metrics["train"]
@@ -382,3 +385,4 @@ class OARGRPOTrainer(GRPOTrainer):
         if grad_norm is not None and self.args.max_grad_norm and self.args.max_grad_norm > 0:
             logs["oar/grad_clipped"] = float(grad_norm > self.args.max_grad_norm)
         super().log(logs, start_time)
+

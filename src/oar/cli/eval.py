@@ -50,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from oar.eval.run import EvalConfig, evaluate, format_table
+    from oar.files import check_writable_dir
     from oar.quiet import quiet_libraries
 
     template = args.prompt_template
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         output_dir=args.output_dir,
     )
+    check_writable_dir(config.output_dir)
     with quiet_libraries(args.verbose):
         summary = evaluate(config)
     print(format_table(summary), end="")

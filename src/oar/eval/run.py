@@ -17,7 +17,7 @@ from typing import Any
 from oar.eval.benchmarks import Problem, load_benchmark, parse_benchmarks
 from oar.eval.generation import DEFAULT_PROMPT, HFGenerator, VLLMGenerator, build_prompt, check_template
 from oar.eval.metrics import summarize_benchmark
-from oar.files import atomic_write
+from oar.files import append_jsonl, atomic_write
 from oar.grading import extract_answer, grade_answers
 
 # settings that change what a sample is: a resumed run must agree on all of them
@@ -30,6 +30,7 @@ _SAMPLE_KEYS = (
     "max_new_tokens",
     "prompt_template",
     "seed",
+    "batch_size",  # with seed: the random draws of every batch
 )
 
 
@@ -98,17 +99,21 @@ def read_samples(path: Path, samples: int) -> dict[tuple[str, int], list[dict[st
     return {k: [v[s] for s in range(samples)] for k, v in found.items() if set(v) >= set(range(samples))}
 
 
-def _check_resume(out: Path, config: EvalConfig) -> None:
+def _check_resume(out: Path, config: EvalConfig) -> dict[str, Any]:
+    """The settings the samples in ``out`` must share (written to ``config.json`` with the first sample, so a
+    run that failed before generating anything leaves nothing that blocks the corrected rerun)."""
     wanted = {k: getattr(config, k) for k in _SAMPLE_KEYS}
     path = out / "config.json"
-    if path.is_file():
+    jsonl = out / "samples.jsonl"
+    if path.is_file() and jsonl.is_file() and jsonl.stat().st_size:
         stored = json.loads(path.read_text())
-        diff = {k: (stored.get(k), v) for k, v in wanted.items() if stored.get(k) != v}
+        # keys an older config.json lacks are not compared
+        diff = {k: (stored.get(k), v) for k, v in wanted.items() if k in stored and stored[k] != v}
         if diff:
             raise ValueError(
                 f"{out} holds samples of other settings {diff} (stored, requested); pass another --output-dir"
             )
-    atomic_write(path, json.dumps(wanted, indent=2) + "\n")
+    return wanted
 
 
 def _make_generator(config: EvalConfig) -> tuple[Any, Any]:
@@ -190,49 +195,59 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
     t0 = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_resume(out, config)
+    settings = _check_resume(out, config)
     jsonl = out / "samples.jsonl"
     done = read_samples(jsonl, config.samples)
     problems = {b: load_benchmark(b, config.data_dir, config.limit) for b in config.benchmarks}
+    empty = [b for b, ps in problems.items() if not ps]
+    if empty:
+        where = f" in {config.data_dir}" if config.data_dir else ""
+        raise ValueError(f"benchmark {empty[0]!r}{where} has no problems (an empty test.jsonl?)")
     pending = [p for ps in problems.values() for p in ps if (p.benchmark, p.index) not in done]
 
     if pending:
         generate, tokenizer = _make_generator(config)
-        prompts = {id(p): build_prompt(p.question, tokenizer, config.prompt_template) for p in pending}
-        pending.sort(key=lambda p: (p.benchmark, len(prompts[id(p)])))  # similar lengths share a batch
-        if jsonl.is_file() and jsonl.stat().st_size and not jsonl.read_bytes().endswith(b"\n"):
-            with jsonl.open("a", encoding="utf-8") as f:
-                f.write("\n")  # end a line torn by an interruption
-        todo = {b: sum(p.benchmark == b for p in pending) for b in problems}
-        lines = ProgressLines({f"eval {b}": n for b, n in todo.items() if n}, enabled=progress)
+        every = [p for ps in problems.values() for p in ps]
+        prompts = {id(p): build_prompt(p.question, tokenizer, config.prompt_template) for p in every}
+        # a fixed layout of every problem (similar lengths share a batch), seeded by the batch's place in it:
+        # a problem gets the same samples whether it is generated in the first run or after a resume
+        every.sort(key=lambda p: (p.benchmark, len(prompts[id(p)])))
+        size = config.batch_size
+        batches = [(start, every[start : start + size]) for start in range(0, len(every), size)]
+        batches = [(start, b) for start, b in batches if any((p.benchmark, p.index) not in done for p in b)]
+        todo_by = {b: sum(p.benchmark == b for p in pending) for b in problems}
+        lines = ProgressLines({f"eval {b}": n for b, n in todo_by.items() if n}, enabled=progress)
         graded = {b: [0, 0] for b in problems}  # correct, samples
-        with jsonl.open("a", encoding="utf-8") as f:
-            for start in range(0, len(pending), config.batch_size):
-                batch = pending[start : start + config.batch_size]
-                texts = [prompts[id(p)] for p in batch]
-                completions = generate(
-                    texts,
-                    samples=config.samples,
-                    temperature=config.temperature,
-                    top_p=config.top_p,
-                    max_new_tokens=config.max_new_tokens,
-                    seed=config.seed + start,
-                )
-                verdicts = grade_answers(
-                    [c for cs in completions for c in cs],
-                    [p.gold for p in batch for _ in range(config.samples)],
-                )
-                for i, (p, cs) in enumerate(zip(batch, completions, strict=True)):
-                    vs = verdicts[i * config.samples : (i + 1) * config.samples]
-                    recs = _records(p, texts[i], cs, vs)
-                    for rec in recs:
-                        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                        f.flush()
-                    done[(p.benchmark, p.index)] = recs
-                    graded[p.benchmark][0] += sum(vs)
-                    graded[p.benchmark][1] += len(vs)
-                    acc = graded[p.benchmark][0] / graded[p.benchmark][1]
-                    lines.advance(f"eval {p.benchmark}", acc=f"{100 * acc:.1f}%")
+        for start, batch in batches:
+            texts = [prompts[id(p)] for p in batch]
+            completions = generate(
+                texts,
+                samples=config.samples,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                max_new_tokens=config.max_new_tokens,
+                seed=config.seed + start,
+            )
+            todo = [i for i, p in enumerate(batch) if (p.benchmark, p.index) not in done]
+            verdicts = grade_answers(
+                [c for i in todo for c in completions[i]],
+                [batch[i].gold for i in todo for _ in range(config.samples)],
+            )
+            if not (out / "config.json").is_file() or not (jsonl.is_file() and jsonl.stat().st_size):
+                atomic_write(out / "config.json", json.dumps(settings, indent=2) + "\n")
+            new = []
+            for j, i in enumerate(todo):
+                vs = verdicts[j * config.samples : (j + 1) * config.samples]
+                recs = _records(batch[i], texts[i], completions[i], vs)
+                new += recs
+                done[(batch[i].benchmark, batch[i].index)] = recs
+            append_jsonl(jsonl, new, ensure_ascii=False)
+            for j, i in enumerate(todo):
+                name = batch[i].benchmark
+                graded[name][0] += sum(verdicts[j * config.samples : (j + 1) * config.samples])
+                graded[name][1] += config.samples
+                acc = graded[name][0] / graded[name][1]
+                lines.advance(f"eval {name}", acc=f"{100 * acc:.1f}%")
         lines.close()
 
     summary: dict[str, Any] = {"config": dataclasses.asdict(config), "benchmarks": {}}

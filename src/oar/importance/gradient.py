@@ -3,12 +3,17 @@
 ``J = KL(P_0 || P_final(e + δ))`` (modes ``last`` / ``answer_mean``, δ ~ N(0, σ²) on the reasoning
 rows; the KL has zero gradient at δ = 0) or ``J = φ_0 - φ(e + δ)`` (``answer_joint``; σ = 0 allowed,
 and φ_0 is a constant so no clean forward is needed). ``I_t = |Σ_h (∂J/∂e_t)_h e_{t,h}|``.
+The embeddings ``e`` are taken from the embedding layer's output inside the model's forward (a hook), never by
+calling the layer directly, so the scorer also runs on a model whose weights are sharded (FSDP2).
 
 Only ``torch.autograd.grad(J, e)`` is called: no parameter ``.grad`` is created or changed, parameters
 keep their ``requires_grad``, dropout is off while scoring and every module's mode is restored.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -66,18 +71,36 @@ def gradient_scores(
             position_ids = (am.long().cumsum(dim=1) - 1).clamp_min(0)
             keep, sel, targets = readout_positions(ids, answer_mask[idx].clone(), mode)
             with torch.no_grad():
-                e = embed(ids)
                 if mode != "answer_joint":
-                    logits = model(inputs_embeds=e, attention_mask=am, position_ids=position_ids,
+                    logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids,
                                    logits_to_keep=keep).logits
                     reference = outcome(logits, sel, targets, mode)
-            with torch.enable_grad():
-                e_var = e.detach().requires_grad_(True)
-                x = e_var if noise is None else e_var + (noise[idx] * reasoning[..., None]).to(e.dtype)
-                logits = model(inputs_embeds=x, attention_mask=am, position_ids=position_ids,
+            delta = None if noise is None else noise[idx] * reasoning[..., None]
+            with torch.enable_grad(), _embedding_leaf(embed, delta) as leaf:
+                logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids,
                                logits_to_keep=keep).logits
                 new = outcome(logits, sel, targets, mode)
                 objective = -new if mode == "answer_joint" else divergence(reference, new, mode)
-                (grad,) = torch.autograd.grad(objective.sum(), e_var)
+                (grad,) = torch.autograd.grad(objective.sum(), leaf[0])
+            e = leaf[0].detach()
             scores[idx] = (grad.float() * e.float()).sum(dim=-1).abs() * reasoning
     return scores
+
+
+@contextmanager
+def _embedding_leaf(embed: torch.nn.Module, delta: torch.Tensor | None) -> Iterator[list[torch.Tensor]]:
+    """During the forward, detach the embedding output ``e`` into a leaf that requires grad and feed ``e + delta``
+    on; the list holds that leaf. The embeddings are read inside the model's own forward, so sharded weights
+    (FSDP2 DTensors) are handled by the wrapper."""
+    leaf: list[torch.Tensor] = []
+
+    def hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        e = output.detach().requires_grad_(True)
+        leaf.append(e)
+        return e if delta is None else e + delta.to(e.dtype)
+
+    handle = embed.register_forward_hook(hook)
+    try:
+        yield leaf
+    finally:
+        handle.remove()

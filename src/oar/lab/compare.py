@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from oar.credit import get_credit
-from oar.files import atomic_write
+from oar.files import atomic_write, read_jsonl
 from oar.lab.run import RunConfig, train_lab
 from oar.lab.summary import format_results_table, summarize_comparison
 from oar.lab.warmstart import WarmStartConfig, warm_start
@@ -63,12 +63,44 @@ def _finite(obj):
 
 
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
-    """Whether ``run_dir`` holds a completed lab run (``summary.json``) trained with exactly ``cfg``."""
+    """Whether ``run_dir`` holds a completed lab run trained with exactly ``cfg``, proven by its own
+    ``metrics.jsonl``: the last record is the held-out evaluation taken when training stopped (``budget_s``
+    spent or ``max_steps`` reached), and ``summary.json`` names that same final evaluation. A ``summary.json``
+    left over from an earlier run in the same directory proves nothing (the rerun restarted the metrics)."""
     try:
         meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        rows = read_jsonl(run_dir / "metrics.jsonl")
     except (OSError, ValueError):
         return False
-    return (run_dir / "summary.json").is_file() and meta.get("lab") == json.loads(json.dumps(asdict(cfg)))
+    if meta.get("lab") != json.loads(json.dumps(asdict(cfg))) or not rows or "eval/accuracy" not in rows[-1]:
+        return False
+    last = rows[-1]
+    stopped = last.get("wall_time", 0.0) >= cfg.budget_s or last.get("step", 0) >= cfg.max_steps
+    return stopped and isinstance(summary, dict) and summary.get("final") == last
+
+
+def _die_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """Pool-worker initializer: a daemon thread ends this process as soon as ``parent`` is gone (a killed
+    ``oar compare`` must not leave a worker training into a run directory a resumed compare will use)."""
+    import os
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="oar-die-with-parent", daemon=True).start()
+
+
+def worker_pool(workers: int, events=None, verbose: bool = False) -> ProcessPoolExecutor:
+    """``workers`` spawned processes that exit when this process dies (see :func:`_die_with_parent`) and send
+    their progress reports to ``events`` (see :func:`_init_worker`)."""
+    import os
+
+    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
+                               initargs=(os.getpid(), events, verbose))
 
 
 # set in each worker by _init_worker: where progress reports go, and whether library noise stays
@@ -79,6 +111,11 @@ _VERBOSE = False
 def _init_worker(events, verbose: bool) -> None:
     global _EVENTS, _VERBOSE
     _EVENTS, _VERBOSE = events, verbose
+
+
+def _init_pool_worker(parent: int, events, verbose: bool) -> None:
+    _die_with_parent(parent)
+    _init_worker(events, verbose)
 
 
 def _job(args: tuple[RunConfig, str, str | None]) -> dict:
@@ -212,8 +249,7 @@ def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False) -
             finally:
                 _init_worker(None, False)
             return
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                                 initargs=(events, verbose)) as pool:
+        with worker_pool(workers, events, verbose) as pool:
             for _ in pool.map(_job, jobs):
                 pass
     finally:

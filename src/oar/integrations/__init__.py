@@ -1,0 +1,1 @@
+"""Framework integrations. Each subpackage imports its framework only when used; ``import oar`` never does."""

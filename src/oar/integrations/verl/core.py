@@ -1,0 +1,155 @@
+"""The framework-free half of the verl plugin: its config block, the actor-side scoring of one data-parallel
+shard, and the driver-side fold into the advantages over the whole batch. Pure torch (verl is not imported), so
+it is tested in oar's own environment; :mod:`oar.integrations.verl.trainer` wires it into verl.
+
+Flow per step (verl v1 trainer): after the old log-probs, the driver marks the rows of mixed-reward groups
+(:func:`active_rows`); every actor rank scores its shard with the policy (:func:`score_shard`: full weights,
+scorer calls padded to the data-parallel max) and returns raw per-token scores; after GRPO's advantages, the
+driver applies the method's effect to the scores of the whole batch at once (:func:`fold_credit`: Bi-Level
+weights keep each completion's advantage mass; batch-level effects see the whole batch, never a micro-batch)
+and logs a fixed metric schema (:data:`METRIC_KEYS`, the same keys every step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from oar.credit import CreditBatch, credit_effect, get_credit, token_credit
+from oar.distributed import equal_scorer_calls, full_policy
+from oar.probe import DEFAULT_CONCLUDE
+from oar.reshape import weight_stats
+
+METRIC_KEYS = (
+    "oar/frac_scored", "oar/frac_uniform", "oar/tokens", "oar/weight_mean", "oar/weight_std", "oar/weight_min",
+    "oar/weight_max", "oar/frac_nonfinite",
+)
+
+
+@dataclass(frozen=True)
+class OARVerlConfig:
+    """The ``oar:`` block of a verl config (``+oar.credit=oar-g`` etc. on the command line; verl's own config
+    dataclasses reject unknown keys, so OAR's knobs live in their own top-level block).
+
+    ``credit``: a registered credit method (:func:`oar.credit.get_credit`). ``options``: its options (e.g.
+    ``{noise_std: 1e-3, tau: 0.25}``). ``batch_size``: completions per scorer call (bounds the scorer's memory).
+    ``conclude_text``: the probe's conclusion prompt. ``max_probe_length``: truncate longer probes (tokens).
+    ``seed``: the scorer's random source (OAR-G noise), offset per data-parallel rank and step.
+    """
+
+    credit: str = "oar-g"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    batch_size: int = 16
+    conclude_text: str = DEFAULT_CONCLUDE
+    max_probe_length: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        m = get_credit(self.credit)  # ValueError listing the registered names
+        if m.needs_group:
+            raise ValueError(f"oar.credit={self.credit!r} needs whole rollout groups on one rank, which the verl "
+                             "plugin does not assemble yet; use a per-completion method (e.g. oar-g, oar-p)")
+        m.check_options(dict(self.options))  # ValueError naming an undeclared option
+        if self.batch_size < 1:
+            raise ValueError(f"oar.batch_size must be >= 1, got {self.batch_size!r}")
+        if self.max_probe_length is not None and self.max_probe_length < 2:
+            raise ValueError(f"oar.max_probe_length must be >= 2 or null, got {self.max_probe_length!r}")
+        if not self.conclude_text:
+            raise ValueError("oar.conclude_text must be a non-empty string")
+
+    @classmethod
+    def from_mapping(cls, block: Mapping[str, Any] | None) -> OARVerlConfig:
+        """From the config's ``oar`` block (a dict or an OmegaConf node; None = defaults); ValueError naming an
+        unknown key."""
+        block = dict(block or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(block) - known)
+        if unknown:
+            raise ValueError(f"unknown oar config key(s) {unknown}; valid: {sorted(known)}")
+        if "options" in block:
+            block["options"] = dict(block["options"] or {})
+        return cls(**block)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only (travels to the workers in the batch's metadata)."""
+        d = asdict(self)
+        d["options"] = dict(self.options)
+        return d
+
+
+def active_rows(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: rows whose sequence reward differs from their group's mean, i.e. GRPO's advantage is
+    non-zero (rows of all-equal groups are not scored). rewards: ``[B]`` float; group: ``[B]`` long ids."""
+    if rewards.shape != group.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and group {tuple(group.shape)} must both be [B]")
+    _, inverse = torch.unique(group, return_inverse=True)
+    n = torch.zeros(int(inverse.max()) + 1 if inverse.numel() else 0, dtype=torch.float64, device=rewards.device)
+    n = n.index_add(0, inverse, torch.ones_like(rewards, dtype=torch.float64))
+    total = torch.zeros_like(n).index_add(0, inverse, rewards.double())
+    return ~torch.isclose(rewards.double(), (total / n)[inverse], rtol=0.0, atol=1e-6)
+
+
+def score_shard(
+    cfg: OARVerlConfig, model: torch.nn.Module, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor, response_mask: torch.Tensor, active: torch.Tensor,
+    generator: torch.Generator | None = None, group: dist.ProcessGroup | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Actor side: raw scores ``[b, T]`` and the tokens they cover ``[b, T]`` bool for this rank's shard.
+
+    ``model``: the actor module as the engine holds it (FSDP2 or plain; FSDP1 is refused). Prompts ``[b, P]``
+    in any padding side, responses ``[b, T]`` right-padded, masks 0/1; ``active``: ``[b]`` bool. Every rank of
+    ``group`` (the data-parallel group) must call it: the policy is gathered once and the scorer calls are
+    padded to the busiest rank.
+    """
+    m = get_credit(cfg.credit)
+    probe = None
+    if m.needs_probe:
+        from oar.probe import OutcomeProbe
+
+        probe = OutcomeProbe(tokenizer, conclude=cfg.conclude_text, max_length=cfg.max_probe_length)
+    with full_policy(model) as policy, equal_scorer_calls(m, policy, cfg.options, group) as counted:
+        batch = CreditBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=response_ids,
+                            completion_mask=response_mask, model=policy if m.needs_policy else None)
+        credit = token_credit(counted, batch, active=active, probe=probe, batch_size=cfg.batch_size,
+                              generator=generator, options=cfg.options)
+    return credit.scores, credit.mask
+
+
+def fold_credit(
+    cfg: OARVerlConfig, advantages: torch.Tensor, response_mask: torch.Tensor, scores: torch.Tensor,
+    mask: torch.Tensor, active: torch.Tensor, generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Driver side: token advantages ``[B, T]`` and the step's metrics (keys :data:`METRIC_KEYS`).
+
+    ``advantages``: GRPO's ``[B, T]`` (the sequence advantage on every response token); ``scores`` / ``mask``:
+    the actor's output for the whole batch; ``active``: ``[B]`` bool. The method's effect runs once over the
+    whole batch; where it does not act (``~mask``) the advantages are unchanged.
+    """
+    m = get_credit(cfg.credit)
+    if not (advantages.shape == response_mask.shape == scores.shape == mask.shape):
+        raise ValueError(f"advantages {tuple(advantages.shape)}, response_mask {tuple(response_mask.shape)}, "
+                         f"scores {tuple(scores.shape)} and mask {tuple(mask.shape)} must all be [B, T]")
+    mask = mask.bool() & response_mask.bool() & active.bool()[:, None]
+    weights, offsets = credit_effect(m, scores.float(), mask, options=m.check_options(dict(cfg.options)),
+                                     generator=generator)
+    folded = advantages * weights.to(advantages.dtype) + offsets.to(advantages.dtype)
+    folded = folded * response_mask.to(advantages.dtype)
+    stats = weight_stats(weights, mask)
+    n_active = int(active.sum())
+    uniform = (active & ((weights == 1) & (offsets == 0) | ~mask).all(dim=1)).sum()
+    nonfinite = torch.where(mask, ~torch.isfinite(scores), False).any(dim=1).sum()
+    metrics = {
+        "oar/frac_scored": n_active / max(active.numel(), 1),
+        "oar/frac_uniform": float(uniform) / n_active if n_active else 0.0,
+        "oar/tokens": float(mask.sum()),
+        "oar/weight_mean": stats["mean"] if mask.any() else 1.0,
+        "oar/weight_std": stats["std"],
+        "oar/weight_min": stats["min"] if mask.any() else 1.0,
+        "oar/weight_max": stats["max"] if mask.any() else 1.0,
+        "oar/frac_nonfinite": float(nonfinite) / n_active if n_active else 0.0,
+    }
+    return folded, metrics

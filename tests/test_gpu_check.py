@@ -1,0 +1,38 @@
+"""The prepared GPU check runs end to end at its tiny CPU shape (``--smoke``) and writes its JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+
+def test_gpu_check_smoke_writes_every_section(tmp_path):
+    import gpu_check
+
+    res = gpu_check.main(["--smoke", "--out", str(tmp_path / "check")])
+    saved = json.loads((tmp_path / "check.json").read_text())
+    assert saved["setup"]["smoke"] and saved["setup"]["shape"]["group"] == 4
+    assert res["exactness"]["oar-p"]["pass"] and res["exactness"]["oar-g"]["pass"]
+    assert res["exactness"]["oar-p"]["naive_vs_fp32"]["scale"] > 0  # scores, not all zeros
+    assert set(res["scorers"]) == {"oar-g", "oar-pg", "oar-p"}
+    assert all(r["seconds"] > 0 for r in res["scorers"].values())
+    assert list(saved["steps"]) == list(gpu_check.CREDITS)
+    for credit, r in saved["steps"].items():
+        assert r["step_time"] > 0, credit
+        if credit != "grpo":  # every completion was scored (the reward gives every row a non-zero advantage)
+            assert r["frac_scored"] == 1.0 and r["importance_time"] > 0, credit
+    md = (tmp_path / "check.md").read_text()
+    assert "## Exactness in bf16" in md and "| oar-p |" in md and "| grpo | " in md
+
+
+def test_gpu_check_rejects_an_unknown_credit_before_building_anything(tmp_path):
+    import gpu_check
+
+    with pytest.raises(ValueError, match="unknown credit 'oar-x'"):
+        gpu_check.main(["--smoke", "--credits", "grpo,oar-x", "--out", str(tmp_path / "check")])
+    assert not (tmp_path / "check.json").exists()
