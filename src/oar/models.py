@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from oar.cache import cache_dir as oar_cache_dir
+from oar.files import replace_dir
 
 SMOLLM2_ALIAS = "smollm2"
 # files that hold a tokenizer's vocabulary (one is enough)
@@ -80,13 +81,11 @@ def _convert_gguf(source: str, gguf_file: str, target: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished the same conversion first
-            if not (target / "config.json").is_file():
-                raise
+        replace_dir(tmp, target, keep_existing=True)  # another process may have finished the same conversion
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if not (target / "config.json").is_file():
+        raise OSError(f"{target} exists but holds no converted model")
 
 
 def _gguf_cache_entry(source: str, gguf_file: str, cache_dir: str | os.PathLike | None) -> Path:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,6 +15,7 @@ from pathlib import Path
 import torch
 
 from oar.cache import cache_dir as oar_cache_dir
+from oar.files import replace_dir
 from oar.lab.model import ModelConfig, build_model, lab_tokenizer
 from oar.lab.task import TaskConfig, is_test_prompt, make_problem
 from oar.progress import ProgressLines
@@ -120,9 +119,6 @@ def warm_start(cfg: WarmStartConfig | None = None, cache_dir: str | Path | None 
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{cfg.key()}."))
         model.save_pretrained(tmp)
         (tmp / "info.json").write_text(json.dumps({"config": asdict(cfg), **info}, indent=1))
-        try:
-            os.replace(tmp, path)
-        except OSError:  # another process cached it first: keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
+        replace_dir(tmp, path, keep_existing=True)  # another process cached it first: keep theirs
     model = Qwen2ForCausalLM.from_pretrained(path).float().eval()
     return model, lab_tokenizer(), path
