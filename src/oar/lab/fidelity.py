@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from oar.lab.task import ANSWER, DISTRACTOR, FILLER, LABEL_NAMES, PIVOTAL, LabProblem
+from oar.lab.task import ANSWER, BOXED, DISTRACTOR, FILLER, LABEL_NAMES, PIVOTAL, LabProblem
 
 # every method with a per-token signal of its own (group-statistics methods have none on worked solutions)
 FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random", "entropy-mask", "cf-span", "shuffle:oar-g",
@@ -48,7 +48,7 @@ def lab_batch(tokenizer, problems: list[LabProblem]) -> dict[str, torch.Tensor]:
 
 def attribution_fidelity(
     model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...] = FIDELITY_SCORERS,
-    conclude: str = "\\boxed{", batch_size: int = 32, seed: int = 0,
+    conclude: str = BOXED, batch_size: int = 32, seed: int = 0,
 ) -> dict[str, dict[str, float]]:
     """AUC of each credit method for ranking pivotal reasoning tokens (operands, intermediate results) above
     answer-irrelevant filler, on the worked solutions of ``problems`` scored by ``model``.
@@ -132,7 +132,7 @@ def localisation(
     if not failed:
         return {m.name: {"rate": float("nan"), "chance": float("nan"), "weight_wrong_step": float("nan"),
                          "completions": 0} for m in methods}
-    probe = OutcomeProbe(tokenizer, conclude="\\boxed{")
+    probe = OutcomeProbe(tokenizer, conclude=BOXED)
     gen = torch.Generator().manual_seed(seed)
     for i in range(0, len(failed), batch_size):
         chunk = failed[i : i + batch_size]

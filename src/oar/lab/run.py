@@ -13,7 +13,7 @@ import torch
 
 from oar.files import atomic_write, read_jsonl
 from oar.lab.model import accuracy
-from oar.lab.task import lab_reward, make_split, max_completion_chars
+from oar.lab.task import BOXED, lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.training import RunDirCallback
 
@@ -139,7 +139,7 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         learning_rate=cfg.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, adam_beta2=cfg.adam_beta2, beta=0.0, loss_type=cfg.loss_type,
         max_steps=cfg.max_steps, logging_steps=1, save_strategy="no", report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0, conclude_text="\\boxed{", **cfg.oar,
+        disable_tqdm=True, dataloader_num_workers=0, conclude_text=BOXED, **cfg.oar,
     )
     cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg)},
                      lambda step: accuracy(model, tok, test, k=cfg.eval_k, temperature=cfg.temperature,

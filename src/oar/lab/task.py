@@ -30,7 +30,7 @@ FILLERS: tuple[str, ...] = (
 # answer-irrelevant commentary holding a number (the number is never a value of the problem's chain)
 DISTRACTORS: tuple[str, ...] = ("check {n}", "not {n}", "about {n}", "{n} is close", "maybe {n}", "skip {n}")
 STEP_SEP = "; "
-BOXED = "\\boxed{"
+BOXED = "\\boxed{"  # opens the answer statement; also the lab's conclude text (the probe's, the trainer's)
 
 
 @dataclass(frozen=True)
