@@ -23,7 +23,8 @@ import time
 import torch
 
 from _probes import PeakMemory, build_model, make_probes
-from oar import perturbation_scores, perturbation_scores_naive
+from oar import perturbation_scores
+from oar.importance import perturbation_scores_naive
 
 
 def setup(args: argparse.Namespace, method: str):

@@ -49,14 +49,14 @@ STEP_VARIANTS = ["grpo", "oar-g answer_mean", "oar-g answer_joint σ=0", "oar-p 
 def ranking(n_problems: int, batch_size: int) -> dict:
     from oar.credit import CreditBatch, token_credit
     from oar.lab.fidelity import lab_batch, pairwise_auc
-    from oar.lab.task import FILLER, PIVOTAL, make_split
+    from oar.lab.task import BOXED, FILLER, PIVOTAL, make_split
     from oar.lab.warmstart import WarmStartConfig, warm_start
     from oar.probe import OutcomeProbe
 
     cfg = WarmStartConfig()
     model, tok, path = warm_start(cfg, progress=False)
     problems = make_split(replace(cfg.task, slip_rate=0.0), "test", n_problems)
-    probe = OutcomeProbe(tok, conclude="\\boxed{")
+    probe = OutcomeProbe(tok, conclude=BOXED)
     results: dict[str, dict[str, list]] = {v[0]: {"rho_all": [], "rho_boosted": [], "auc_filler": [], "auc_rest": [],
                                                   "seconds": 0.0, "cpu_seconds": 0.0} for v in VARIANTS}
     n_tokens = 0

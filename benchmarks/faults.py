@@ -44,7 +44,7 @@ def workspace(root: Path) -> Path:
     config = root / "train.yaml"
     config.write_text(
         f"model: {root / 'tiny'}\ndataset: {data}\nprompt_column: question\nanswer_column: gold\n"
-        "prompt_template: '{prompt}'\nper_device_train_batch_size: 8\nnum_generations: 4\n"
+        "prompt_template: '{question}'\nper_device_train_batch_size: 8\nnum_generations: 4\n"
         f"max_completion_length: 24\nlearning_rate: 0.001\nlr_scheduler_type: constant\nlogging_steps: 1\n"
         f"save_steps: {SAVE_STEPS}\nmax_steps: {MAX_STEPS}\nreport_to: none\nseed: 0\ndisable_tqdm: true\n"
         "oar_dump_every: 2\noar_dump_count: 2\n"

@@ -159,7 +159,8 @@ def error_to(ref: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> dict[str
 
 def exactness(model, fp32, pb, shape: Shape) -> dict:
     """bf16 fast paths vs bf16 naive paths, both against float32 (see the module docstring)."""
-    from oar import gradient_scores, perturbation_scores, perturbation_scores_naive
+    from oar import gradient_scores, perturbation_scores
+    from oar.importance import perturbation_scores_naive
 
     ids, am, rm, ans = pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask
     # OAR-P: check_positions reasoning tokens of row 0, evenly spaced

@@ -27,9 +27,10 @@ from pathlib import Path
 import torch
 
 from oar.files import atomic_write
-from oar.lab.compare import finished_run, mean_ci, worker_pool
+from oar.lab.compare import finished_run, worker_pool
 from oar.lab.model import sample
 from oar.lab.run import RunConfig, train_lab
+from oar.lab.stats import mean_ci
 from oar.lab.task import (
     ANSWER,
     FILLER,

@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from oar.cli import main
-from oar.lab.compare import PRESETS, compare, credit_column, markdown_table, mean_ci, summarize, t_quantile
+from oar.lab.compare import PRESETS, compare, credit_column
 from oar.lab.model import ModelConfig
 from oar.lab.run import LabCallback, RunConfig
+from oar.lab.stats import mean_ci, t_quantile
+from oar.lab.summary import format_results_table, summarize_comparison
 from oar.lab.task import TaskConfig
 from oar.lab.warmstart import WarmStartConfig
 
@@ -40,7 +42,7 @@ def test_summarize_aggregates_over_seeds_and_times_to_reference(tmp_path):
             ("grpo", 1): _fake_run(tmp_path / "g1", [0.2, 0.3, 0.3, 0.5], 1.0, 0.4),
             ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2, 0.45, 0.5, 0.5], 1.5, 0.6),
             ("oar-g", 1): _fake_run(tmp_path / "o1", [0.2, 0.2, 0.3, 0.3], 1.5, 0.6)}
-    res = summarize(dirs)
+    res = summarize_comparison(dirs)
     g, o = res["credits"]["grpo"], res["credits"]["oar-g"]
     assert res["reference_final_accuracy"] == pytest.approx(0.4)  # mean of last-two averages 0.4 and 0.4
     assert g["final_accuracy"]["mean"] == pytest.approx(0.4) and o["final_accuracy"]["mean"] == pytest.approx(0.4)
@@ -52,7 +54,7 @@ def test_summarize_aggregates_over_seeds_and_times_to_reference(tmp_path):
     assert o["matched_diff"]["mean"] == pytest.approx(-0.05)
     # Welch: variances 0.02 (oar-g finals 0.5, 0.3) and 0 (grpo) -> se 0.1, df 1 -> t 12.706
     assert o["final_diff"]["mean"] == pytest.approx(0.0) and o["final_diff"]["ci95"] == pytest.approx(1.2706)
-    table = markdown_table(res)
+    table = format_results_table(res)
     assert "| grpo | 20.0 ± 0.0 [±0.0] → 40.0 ± 0.0 [±0.0] | 20.0 ± 0.0 [±0.0] | +0.0 [±0.0] | 30 " in table
     assert "| oar-g |" in table and "40.0 ± 14.1 [±127.1] vs 45.0 ± 7.1 [±63.5]: -5.0" in table
 
@@ -63,7 +65,7 @@ def test_matched_step_interpolates_a_shorter_run_against_the_reference(tmp_path)
     rows = [json.loads(x) for x in (dirs[("oar-p", 0)] / "metrics.jsonl").read_text().splitlines()]
     rows[-1]["step"] = 14  # stopped by the budget between two evaluation steps
     (dirs[("oar-p", 0)] / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    p = summarize(dirs)["credits"]["oar-p"]
+    p = summarize_comparison(dirs)["credits"]["oar-p"]
     assert p["matched_step"] == 14 and p["matched_accuracy"]["mean"] == pytest.approx(0.4)
     assert p["ref_matched_accuracy"]["mean"] == pytest.approx(0.3 + 0.2 * 4 / 10)
     assert math.isnan(p["matched_diff"]["ci95"])  # one seed: no interval
@@ -146,3 +148,24 @@ def test_the_cpu_clock_does_not_count_time_the_run_waits(clock, stops):
     assert (cb.train_s >= 0.3) is stops
     with pytest.raises(ValueError, match="'gpu'"):
         RunConfig(clock="gpu")
+
+
+def test_terminal_summary_is_compact_and_names_both_differences(tmp_path):
+    from rich.console import Console
+
+    from oar.lab.summary import terminal_summary
+
+    dirs = {("grpo", 0): _fake_run(tmp_path / "g0", [0.2, 0.3, 0.4, 0.4], 1.0, 0.5),
+            ("grpo", 1): _fake_run(tmp_path / "g1", [0.2, 0.3, 0.3, 0.5], 1.0, 0.4),
+            ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2, 0.45, 0.5, 0.5], 1.5, 0.6),
+            ("oar-g", 1): _fake_run(tmp_path / "o1", [0.2, 0.2, 0.3, 0.3], 1.5, 0.6)}
+    res = {**summarize_comparison(dirs), "seeds": 2}
+    console = Console(record=True, width=80, color_system=None)
+    console.print(terminal_summary(res))
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    assert max(map(len, lines)) <= 80 and lines[0] == "held-out accuracy, points (± 95% CI over 2 seeds)"
+    # final 40.0 ± 127.1 (t(1) 12.706 × 0.1414 / √2), Δ at the same budget; at step 30: 40 vs 45, Welch se
+    # √(0.02/2 + 0.005/2) = 0.1118 with df 1.47 -> t(1): ±142.1
+    assert lines[3].split() == ["oar-g", "40.0", "±", "127.1", "+0.0", "[±127.1]", "-5.0", "[±142.1]", "@30",
+                                "1.50"]
+    assert lines[2].split() == ["grpo", "40.0", "±", "0.0", "–", "–", "1.00"]

@@ -21,7 +21,7 @@ from oar.eval import (
     format_table,
     load_benchmark,
     pass_at_k,
-    summarize,
+    summarize_benchmark,
     wilson_interval,
 )
 from oar.eval.generation import HFGenerator, vllm_available
@@ -102,9 +102,9 @@ def test_wilson_interval():
 
 
 def test_summarize_greedy_and_sampled():
-    greedy = summarize([[True], [False], [False], [True]])
+    greedy = summarize_benchmark([[True], [False], [False], [True]])
     assert set(greedy) == {"accuracy"} and greedy["accuracy"]["mean"] == 0.5
-    sampled = summarize([[True, False, False, False], [False] * 4, [True] * 4])
+    sampled = summarize_benchmark([[True, False, False, False], [False] * 4, [True] * 4])
     assert set(sampled) == {"avg@4", "pass@1", "pass@2", "pass@4"}
     assert math.isclose(sampled["avg@4"]["mean"], 5 / 12)
     assert math.isclose(sampled["pass@1"]["mean"], sampled["avg@4"]["mean"])
@@ -113,7 +113,7 @@ def test_summarize_greedy_and_sampled():
     lo, hi = sampled["pass@4"]["ci95"]
     assert 0 <= lo < 2 / 3 < hi <= 1
     with pytest.raises(ValueError, match="same"):
-        summarize([[True], [True, False]])
+        summarize_benchmark([[True], [True, False]])
 
 
 # ---------------------------------------------------------------------------------------------- prompting
@@ -308,3 +308,15 @@ def test_smollm2_is_the_offline_demo_model(tmp_path):
     recs = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert summary["benchmarks"]["gsm8k"]["problems"] == 2 and len(recs) == 2
     assert all(r["prompt"].startswith("<|im_start|>") and r["completion"].strip() for r in recs)
+
+
+def test_evaluate_shows_one_line_per_benchmark_with_its_running_accuracy(monkeypatch, tmp_path, capsys):
+    config = EvalConfig(model="fake", benchmarks="gsm8k,aime24", data_dir=SHARED_DATA, limit=6,
+                        batch_size=4, output_dir=str(tmp_path))
+    _install_fake(monkeypatch, config)
+    summary = evaluate(config, progress=True)
+    out = capsys.readouterr().out
+    for name in ("gsm8k", "aime24"):
+        acc = 100 * summary["benchmarks"][name]["metrics"]["accuracy"]["mean"]
+        line = next(line for line in out.splitlines() if line.startswith(f"eval {name}"))
+        assert "6/6" in line and f"acc {acc:.1f}%" in line  # after the last batch: the benchmark's accuracy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oar.files import atomic_write, iter_jsonl, read_jsonl
+from oar.files import atomic_write, iter_jsonl, read_jsonl, replace_dir
 
 
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
@@ -34,3 +34,21 @@ def test_iter_jsonl_names_the_line_and_skips_only_an_unfinished_tail(tmp_path):
     path.write_text('{"a": 1}\n{"a": 2, "b\n')  # a complete line that is not JSON is not a torn tail
     with pytest.raises(ValueError, match=r"rows.jsonl:2: not valid JSON"):
         read_jsonl(path)
+
+
+def test_replace_dir_keep_existing_keeps_a_finished_cache_entry(tmp_path):
+    """A cache entry another process finished first is kept (never replaced under a reader); a fresh one moves in."""
+    target, staged = tmp_path / "entry", tmp_path / ".entry.tmp"
+    staged.mkdir()
+    (staged / "config.json").write_text("new")
+    replace_dir(staged, target, keep_existing=True)
+    assert (target / "config.json").read_text() == "new" and not staged.exists()
+    staged.mkdir()
+    (staged / "config.json").write_text("second")
+    replace_dir(staged, target, keep_existing=True)
+    assert (target / "config.json").read_text() == "new" and not staged.exists()
+    staged.mkdir()
+    (staged / "config.json").write_text("second")
+    replace_dir(staged, target)  # without keep_existing the new directory replaces the old
+    assert (target / "config.json").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import oar.grading as grading
+import oar.grading.verify as grading  # the helper pool's internals
 from conftest import SHARED_DATA
 from oar.grading import (
     extract_answer,

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import make_tiny_lm
-from oar import OutcomeProbe, perturbation_scores, perturbation_scores_naive
+from oar import OutcomeProbe, perturbation_scores
+from oar.importance import perturbation_scores_naive
 
 MODES = ("last", "answer_mean", "answer_joint")
 PROMPTS = ["What is 3+4?", "Compute 12*3, show work", "Q"]

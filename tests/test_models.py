@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import make_tiny_lm, require
-from oar.models import default_cache_dir, load_model_and_tokenizer, resolve_model
+from oar.cache import cache_dir
+from oar.models import load_model_and_tokenizer, resolve_model
 
 
 @pytest.mark.parametrize(
@@ -40,9 +41,9 @@ def test_hub_ids_pass_through_and_offline_failure_is_a_value_error():
 
 def test_cache_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("OAR_CACHE", str(tmp_path))
-    assert default_cache_dir() == tmp_path / "models"
+    assert cache_dir("models") == tmp_path / "models"
     monkeypatch.delenv("OAR_CACHE")
-    assert str(default_cache_dir()).endswith(os.path.join(".cache", "oar", "models"))
+    assert str(cache_dir("models")).endswith(os.path.join(".cache", "oar", "models"))
 
 
 def test_local_directory_gets_pad_token(tmp_path, char_tokenizer):

@@ -31,7 +31,7 @@ def workspace(tmp_path_factory, char_tokenizer):
     config = root / "train.yaml"
     config.write_text(
         f"model: {model_dir}\ndataset: {data}\nprompt_column: question\nanswer_column: gold\n"
-        "prompt_template: '{prompt}'\nper_device_train_batch_size: 8\nnum_generations: 4\n"
+        "prompt_template: '{question}'\nper_device_train_batch_size: 8\nnum_generations: 4\n"
         "max_completion_length: 24\nlearning_rate: 0.001\nlogging_steps: 1\nsave_steps: 1\nreport_to: none\n"
         "seed: 0\ncredit: grpo\noar_dump_every: 1\noar_dump_count: 2\n"
     )
@@ -104,7 +104,7 @@ def test_dataset_loader_formats(tmp_path):
     (tmp_path / "d.jsonl").write_text(json.dumps(rows[0]) + "\n")
     pd = pytest.importorskip("pandas")
     pd.DataFrame(rows).to_parquet(tmp_path / "d.parquet")
-    a = load_train_dataset(str(tmp_path / "d.jsonl"), answer_column="solution", prompt_template="Q: {prompt}")
+    a = load_train_dataset(str(tmp_path / "d.jsonl"), answer_column="solution", prompt_template="Q: {question}")
     b = load_train_dataset(str(tmp_path / "d.parquet"), conversational=True)
     assert a[0] == {"prompt": "Q: 1+1=", "answer": "2"}
     assert b[0] == {"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}
@@ -156,3 +156,14 @@ def test_final_save_is_all_or_previous(tmp_path):
     assert (tmp_path / "config.json").read_text() == "{old}"
     save_final_model(_FakeTrainer({"config.json": "{new}", "model.safetensors": "new weights"}), tmp_path)
     assert (tmp_path / "model.safetensors").read_text() == "new weights" and not (tmp_path / FINAL_STAGING).exists()
+
+
+def test_training_and_evaluation_share_one_prompt_template(tmp_path):
+    from oar.eval.generation import DEFAULT_PROMPT
+    from oar.prompts import PROMPT_TEMPLATE, fill_template
+    from oar.training import TrainArguments
+
+    assert TrainArguments().prompt_template == DEFAULT_PROMPT == PROMPT_TEMPLATE
+    assert fill_template(PROMPT_TEMPLATE, "1+1?").startswith("1+1?\nPlease reason step by step")
+    with pytest.raises(ValueError, match=r"'\{prompt\}' is now '\{question\}'"):
+        fill_template("Q: {prompt}", "x")

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from oar.viz.plots import band, expand_run_dirs, load_run, metric_keys, plot_metric, slug
+from oar.viz.plots import band, expand_run_dirs, load_run, metric_keys, plot_metric, slug, step_time_breakdown
 from oar.viz.report import markdown_table, results_markdown, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -115,3 +115,30 @@ def test_write_report(runs_root, tmp_path):
     md = write_report([runs_root / "grpo-0", runs_root / "grpo-1"], tmp_path / "rep2", results={"acc": 0.1},
                       group_by="run").read_text()
     assert "| acc | 0.1 |" in md and "| grpo-0 | 1 | 0 |" in md and "oar_ess_ratio" not in md
+
+
+def test_step_time_breakdown_splits_by_importance_share(runs_root, tmp_path):
+    make_run(tmp_path, "oar-p-0", "oar-p", 0, 0.6, extra={"step_time": 2.0, "oar/importance_share": 0.25})
+    runs = [load_run(d) for d in [*expand_run_dirs([runs_root]), tmp_path / "oar-p-0"]]
+    parts = step_time_breakdown(runs)
+    assert parts["oar-p"] == pytest.approx((0.5, 1.5))  # 2 s per step, a quarter of it scoring
+    assert parts["grpo"] == pytest.approx((0.0, 0.25)) and parts["oar-g"] == pytest.approx((0.0, 0.5))  # derived
+
+
+def test_report_puts_the_results_table_and_key_figures_first(runs_root, tmp_path):
+    table = "| credit | held-out acc |\n|---|---|\n| grpo | 55.0 |\n"
+    (runs_root / "results.md").write_text(table)  # preferred to results.json, as oar compare writes both
+    (runs_root / "results.json").write_text(json.dumps({"grpo": {"accuracy": 0.1}}))
+    md = write_report([runs_root], tmp_path / "rep").read_text()
+    heads = [line for line in md.splitlines() if line.startswith("## ")]
+    assert heads == ["## Results", "## Key figures", "## Summary", "## All metrics", "## Runs"]
+    assert table.strip() in md and "| grpo | 0.1 |" not in md
+    figures = ["accuracy_vs_updates.png", "accuracy_vs_wall_clock.png", "step_time_breakdown.png", "weight_ess.png"]
+    assert sorted(p.name for p in (tmp_path / "rep" / "figures").iterdir()) == sorted(figures)
+    positions = [md.index(f"](figures/{name})") for name in figures]
+    assert positions == sorted(positions) and positions[-1] < md.index("## All metrics")
+    for name in figures:
+        assert (tmp_path / "rep" / "figures" / name).read_bytes().startswith(PNG)
+    # compare hands its table over directly; runs without OAR weights get no ESS figure
+    md = write_report([runs_root / "grpo-0"], tmp_path / "rep2", results_md="| given |\n").read_text()
+    assert "| given |" in md and "weight_ess.png" not in md and "step_time_breakdown.png" in md

@@ -1,7 +1,9 @@
 """oar: Outcome-grounded Advantage Reshaping for GRPO on math reasoning.
 
-Everything public is importable from here; heavy modules (TRL, transformers) load on first use,
-so ``import oar`` stays fast.
+What a user of the method calls is importable from here: the core math, the probe and scorers, grading,
+the TRL trainer, evaluation, and the credit views and report. The lab lives in ``oar.lab.*``, test oracles and
+helpers in their modules (docs/architecture.md). Heavy modules (TRL, transformers) load on first use, so
+``import oar`` stays fast.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ _EXPORTS: dict[str, str] = {
     "OutcomeProbe": "oar.probe",
     "ProbeBatch": "oar.probe",
     "perturbation_scores": "oar.importance",
-    "perturbation_scores_naive": "oar.importance",
     "guided_perturbation_scores": "oar.importance.guided",
     "gradient_scores": "oar.importance",
     "uniform_scores": "oar.importance",
@@ -52,21 +53,8 @@ _EXPORTS: dict[str, str] = {
     # trainer (TRL)
     "OARConfig": "oar.trainer",
     "OARGRPOTrainer": "oar.trainer",
-    # lab
-    "TaskConfig": "oar.lab.task",
-    "make_split": "oar.lab.task",
-    "lab_reward": "oar.lab.task",
-    "ModelConfig": "oar.lab.model",
-    "WarmStartConfig": "oar.lab.warmstart",
-    "warm_start": "oar.lab.warmstart",
-    "RunConfig": "oar.lab.run",
-    "train_lab": "oar.lab.run",
-    "compare": "oar.lab.compare",
-    "attribution_fidelity": "oar.lab.fidelity",
     # evaluation
     "load_model_and_tokenizer": "oar.models",
-    "smollm2_gguf_path": "oar.models",
-    "model_source": "oar.models",
     "EvalConfig": "oar.eval.run",
     "evaluate": "oar.eval.run",
     "load_benchmark": "oar.eval.benchmarks",
@@ -75,10 +63,8 @@ _EXPORTS: dict[str, str] = {
     "AttributionRecord": "oar.attribution",
     "attribute": "oar.attribution",
     "attribute_batch": "oar.attribution",
-    "decode_tokens": "oar.attribution",
     "rank_correlation": "oar.attribution",
     "read_records": "oar.attribution",
-    "append_records": "oar.attribution",
     "render_html": "oar.viz.html",
     "write_html": "oar.viz.html",
     "render_terminal": "oar.viz.terminal",

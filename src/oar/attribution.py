@@ -6,7 +6,6 @@ Also computes them: :func:`attribute_batch` runs the outcome probe, a scorer and
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -14,7 +13,7 @@ from typing import Any
 
 import torch
 
-from oar.files import iter_jsonl
+from oar.files import append_jsonl, iter_jsonl
 
 
 @dataclass
@@ -65,12 +64,8 @@ class AttributionRecord:
 
 
 def append_records(path: str | os.PathLike, records: Iterable[AttributionRecord]) -> None:
-    """Append records to a JSONL file in one write (a reader never sees half a line)."""
-    payload = "".join(json.dumps(r.to_json()) + "\n" for r in records)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
+    """Append records to a JSONL file in one write (a reader never sees half a line; :func:`oar.files.append_jsonl`)."""
+    append_jsonl(path, [r.to_json() for r in records], fsync=True)
 
 
 def read_records(path: str | os.PathLike) -> list[AttributionRecord]:

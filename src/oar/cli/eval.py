@@ -43,12 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", help="e.g. bfloat16 (default: the checkpoint's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", help="default runs/eval/<model name>")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the libraries' own warnings, logs and progress bars (hidden by default)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from oar.eval.run import EvalConfig, evaluate, format_table
     from oar.files import check_writable_dir
+    from oar.quiet import quiet_libraries
 
     template = args.prompt_template
     if "{question}" not in template and Path(template).is_file():
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         output_dir=args.output_dir,
     )
     check_writable_dir(config.output_dir)
-    summary = evaluate(config)
+    with quiet_libraries(args.verbose):
+        summary = evaluate(config)
     print(format_table(summary), end="")
     print(f"results in {config.output_dir}/ (eval.md, summary.json, samples.jsonl)")
     return 0

@@ -1,7 +1,8 @@
 """``oar train``: GRPO with OAR token credit. Parsing and wiring only; the work is in :mod:`oar.training`.
 
 Every ``OARConfig`` / ``GRPOConfig`` field is an option (``--credit oar-p``, ``--loss_type dapo``, ...), read
-by TRL's own parser, so ``--config FILE.yaml`` and overrides work exactly as in TRL's scripts.
+by TRL's own parser, so ``--config FILE.yaml`` and overrides work exactly as in TRL's scripts; ``--verbose``
+(taken out before TRL's parser sees the arguments) keeps the libraries' own warnings, logs and progress bars.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from oar.cli.parser import one_line_errors
+    from oar.quiet import quiet_libraries
     from oar.training import parse_train_args, run_training
 
+    verbose = "--verbose" in args.argv
     with one_line_errors():  # TRL's parser, built in oar.training, reports a bad option in one line too
-        script_args, config = parse_train_args(args.argv)
-    summary = run_training(script_args, config)
+        script_args, config = parse_train_args([a for a in args.argv if a != "--verbose"])
+    with quiet_libraries(verbose):
+        summary = run_training(script_args, config)
     print("oar train: done")
     print(json.dumps(summary, indent=2))
     return 0

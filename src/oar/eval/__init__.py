@@ -2,7 +2,7 @@
 
 from oar.eval.benchmarks import BENCHMARKS, BenchmarkSpec, Problem, load_benchmark
 from oar.eval.generation import DEFAULT_PROMPT, build_prompt
-from oar.eval.metrics import pass_at_k, summarize, wilson_interval
+from oar.eval.metrics import pass_at_k, summarize_benchmark, wilson_interval
 from oar.eval.run import EvalConfig, evaluate, format_table
 
 __all__ = [
@@ -16,6 +16,6 @@ __all__ = [
     "format_table",
     "load_benchmark",
     "pass_at_k",
-    "summarize",
+    "summarize_benchmark",
     "wilson_interval",
 ]

@@ -5,19 +5,15 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-DEFAULT_PROMPT = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
-
-
-def check_template(template: str) -> str:
-    if "{question}" not in template:
-        raise ValueError(f"prompt template must contain '{{question}}': {template!r}")
-    return template
+from oar.prompts import PROMPT_TEMPLATE as DEFAULT_PROMPT  # re-exported: the evaluation default is the one template
+from oar.prompts import check_template as check_template
+from oar.prompts import fill_template
 
 
 def build_prompt(question: str, tokenizer: Any, template: str = DEFAULT_PROMPT) -> str:
     """The text fed to the model: ``template`` with ``{question}`` filled in (plain replacement, so LaTeX
     braces such as ``\\boxed{}`` need no escaping), in the chat template when the tokenizer has one."""
-    user = check_template(template).replace("{question}", question)
+    user = fill_template(template, question)
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": user}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -39,7 +39,7 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float]:
     return (max(0.0, mean - half), min(1.0, mean + half))
 
 
-def summarize(correct: Sequence[Sequence[bool]]) -> dict[str, dict[str, float | list[float]]]:
+def summarize_benchmark(correct: Sequence[Sequence[bool]]) -> dict[str, dict[str, float | list[float]]]:
     """Metrics of one benchmark from ``correct[problem][sample]`` (the same number of samples per problem).
 
     One sample: ``accuracy`` with a Wilson interval. n samples: ``avg@n`` (mean correctness) and the

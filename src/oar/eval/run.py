@@ -16,7 +16,7 @@ from typing import Any
 
 from oar.eval.benchmarks import Problem, load_benchmark, parse_benchmarks
 from oar.eval.generation import DEFAULT_PROMPT, HFGenerator, VLLMGenerator, build_prompt, check_template
-from oar.eval.metrics import summarize
+from oar.eval.metrics import summarize_benchmark
 from oar.files import append_jsonl, atomic_write
 from oar.grading import extract_answer, grade_answers
 
@@ -187,8 +187,10 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) an evaluation; returns the summary also written to ``summary.json``/``eval.md``."""
-    from tqdm.auto import tqdm
+    """Run (or resume) an evaluation; returns the summary also written to ``summary.json``/``eval.md``.
+
+    ``progress``: one live line per benchmark with its running accuracy over the samples graded so far."""
+    from oar.progress import ProgressLines
 
     t0 = time.perf_counter()
     out = Path(config.output_dir)
@@ -213,9 +215,10 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
         size = config.batch_size
         batches = [(start, every[start : start + size]) for start in range(0, len(every), size)]
         batches = [(start, b) for start, b in batches if any((p.benchmark, p.index) not in done for p in b)]
-        bar = tqdm(total=len(pending), desc="eval", unit="problem", disable=not progress)
+        todo_by = {b: sum(p.benchmark == b for p in pending) for b in problems}
+        lines = ProgressLines({f"eval {b}": n for b, n in todo_by.items() if n}, enabled=progress)
+        graded = {b: [0, 0] for b in problems}  # correct, samples
         for start, batch in batches:
-            bar.set_postfix_str(batch[0].benchmark)
             texts = [prompts[id(p)] for p in batch]
             completions = generate(
                 texts,
@@ -239,8 +242,13 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
                 new += recs
                 done[(batch[i].benchmark, batch[i].index)] = recs
             append_jsonl(jsonl, new, ensure_ascii=False)
-            bar.update(len(todo))
-        bar.close()
+            for j, i in enumerate(todo):
+                name = batch[i].benchmark
+                graded[name][0] += sum(verdicts[j * config.samples : (j + 1) * config.samples])
+                graded[name][1] += config.samples
+                acc = graded[name][0] / graded[name][1]
+                lines.advance(f"eval {name}", acc=f"{100 * acc:.1f}%")
+        lines.close()
 
     summary: dict[str, Any] = {"config": dataclasses.asdict(config), "benchmarks": {}}
     for name, ps in problems.items():
@@ -248,7 +256,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict[str, Any]:
         answered = sum(r["extracted"] is not None for rs in recs for r in rs) / (len(ps) * config.samples)
         summary["benchmarks"][name] = {
             "problems": len(ps),
-            "metrics": summarize([[r["correct"] for r in rs] for rs in recs]),
+            "metrics": summarize_benchmark([[r["correct"] for r in rs] for rs in recs]),
             "answered": answered,
         }
     summary["wall_s"] = time.perf_counter() - t0

@@ -7,24 +7,27 @@ seed starts from the same cached warm start and draws the same prompts. Writes `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing as mp
+import multiprocessing.queues
+import queue
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from oar.credit import get_credit
 from oar.files import atomic_write, read_jsonl
 from oar.lab.run import RunConfig, train_lab
+from oar.lab.summary import format_results_table, summarize_comparison
 from oar.lab.warmstart import WarmStartConfig, warm_start
+from oar.progress import RunTable
+from oar.quiet import quiet_libraries
 
-# two-sided 95% Student-t quantiles, by degrees of freedom (normal beyond 30)
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-         10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+WARM_START_ROW, REPORT_ROW = "warm start (SFT)", "results and report"
 
 
 @dataclass(frozen=True)
@@ -63,147 +66,6 @@ def credit_column(spec: str) -> tuple[str, dict]:
             options[key.strip()] = value.strip()
     get_credit(name).check_options(options)  # ValueError naming an unknown credit or option
     return name.strip().lower(), options
-
-
-def t_quantile(df: int) -> float:
-    """Two-sided 95% Student-t quantile for ``df`` degrees of freedom (tabulated, conservative between rows)."""
-    if df < 1:
-        return float("nan")
-    return _T975[min((k for k in _T975 if k >= df), default=30)] if df <= 30 else 1.96
-
-
-def mean_ci(values: list[float]) -> dict[str, float]:
-    """``mean``, sample ``std`` and the 95% CI half-width ``ci95`` (Student t; NaN with one value)."""
-    n = len(values)
-    mean = sum(values) / n if n else float("nan")
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
-    return {"mean": mean, "std": std, "ci95": t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else float("nan"),
-            "n": n}
-
-
-def diff_ci(a: list[float], b: list[float]) -> dict[str, float]:
-    """Difference of means ``mean(a) - mean(b)`` with its 95% CI half-width ``ci95`` (Welch's t; NaN if n < 2)."""
-    sa, sb = mean_ci(a), mean_ci(b)
-    diff = sa["mean"] - sb["mean"]
-    if sa["n"] < 2 or sb["n"] < 2:
-        return {"mean": diff, "ci95": float("nan"), "n": min(sa["n"], sb["n"])}
-    va, vb = sa["std"] ** 2 / sa["n"], sb["std"] ** 2 / sb["n"]
-    se = math.sqrt(va + vb)
-    den = va**2 / (sa["n"] - 1) + vb**2 / (sb["n"] - 1)
-    df = (va + vb) ** 2 / den if den > 0 else sa["n"] + sb["n"] - 2  # Welch–Satterthwaite
-    return {"mean": diff, "ci95": t_quantile(int(df)) * se, "n": min(sa["n"], sb["n"])}
-
-
-def _accuracy_at(curve: list[tuple[int, float, float]], step: float) -> float:
-    """Held-out accuracy of one run after ``step`` updates, linearly interpolated between its evaluations."""
-    steps, accs = [s for s, _, _ in curve], [a for _, _, a in curve]
-    if not steps[0] <= step <= steps[-1]:
-        raise ValueError(f"step {step} is outside the evaluated range {steps[0]}..{steps[-1]}")
-    return float(np.interp(step, steps, accs))
-
-
-def _mean_key(rows: list[dict], key: str) -> float:
-    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-    return sum(vals) / len(vals) if vals else float("nan")
-
-
-def summarize(run_dirs: dict[tuple[str, int], Path], reference: str = "grpo") -> dict:
-    """Aggregate run directories into the results object (per credit, over seeds).
-
-    Per run: start/final held-out ``eval/accuracy`` (sampled avg@k; final = mean of the last two evaluations),
-    greedy accuracy, steps, training seconds, mean ``step_time``, importance share, mean grad norm, clipped
-    fraction, weight ESS ratio and the final entropy; ``steps_to_ref``/``seconds_to_ref``: first evaluation after
-    step 0 reaching the ``reference`` credit's mean final accuracy (None if never).
-    Per credit, against the reference: ``final_diff`` (difference of mean final accuracies, Welch 95% CI) and, at
-    ``matched_step`` (the fewest updates any run of the credit or of the reference made), ``matched_accuracy``,
-    ``ref_matched_accuracy`` and ``matched_diff``; accuracies between evaluations are linearly interpolated.
-    """
-    runs = {k: read_jsonl(d / "metrics.jsonl") for k, d in run_dirs.items()}
-    per_run = {}
-    for (credit, seed), rows in runs.items():
-        evals = [r for r in rows if "eval/accuracy" in r]
-        train = [r for r in rows if "step_time" in r]
-        final = sum(r["eval/accuracy"] for r in evals[-2:]) / len(evals[-2:])
-        per_run[(credit, seed)] = {
-            "credit": credit, "seed": seed, "start_accuracy": evals[0]["eval/accuracy"], "final_accuracy": final,
-            "start_greedy": evals[0]["eval/greedy_accuracy"], "final_greedy": evals[-1]["eval/greedy_accuracy"],
-            "final_pass_at_k": evals[-1]["eval/pass_at_k"], "steps": evals[-1]["step"],
-            "train_seconds": evals[-1]["wall_time"], "step_time": _mean_key(train, "step_time"),
-            "importance_share": _mean_key(train, "oar/importance_share"),
-            "grad_norm": _mean_key(train, "grad_norm"), "grad_clipped": _mean_key(train, "oar/grad_clipped"),
-            "ess_ratio": _mean_key(train, "oar/ess_ratio"), "reward": _mean_key(train[-10:], "reward"),
-            "final_entropy": train[-1].get("entropy", float("nan")) if train else float("nan"),
-            "start_entropy": train[0].get("entropy", float("nan")) if train else float("nan"),
-            "curve": [(r["step"], r["wall_time"], r["eval/accuracy"]) for r in evals],
-        }
-    credits = list(dict.fromkeys(c for c, _ in per_run))
-    ref_runs = [r for (c, _), r in per_run.items() if c == reference]
-    target = sum(r["final_accuracy"] for r in ref_runs) / len(ref_runs) if ref_runs else None
-    for r in per_run.values():
-        hit = next(((s, t) for s, t, a in r["curve"][1:] if target is not None and a >= target), None)
-        r["steps_to_ref"], r["seconds_to_ref"] = hit if hit else (None, None)
-    by_credit = {}
-    for c in credits:
-        rs = [r for (cc, _), r in sorted(per_run.items()) if cc == c]
-        agg = {k: mean_ci([r[k] for r in rs]) for k in (
-            "start_accuracy", "final_accuracy", "final_greedy", "final_pass_at_k", "steps", "train_seconds",
-            "step_time", "importance_share", "grad_norm", "grad_clipped", "ess_ratio", "final_entropy")}
-        agg["gain"] = mean_ci([r["final_accuracy"] - r["start_accuracy"] for r in rs])
-        if ref_runs:  # same number of updates: the fewest steps any run of c or of the reference made
-            matched = min(r["curve"][-1][0] for r in rs + ref_runs)
-            mine = [_accuracy_at(r["curve"], matched) for r in rs]
-            ref = [_accuracy_at(r["curve"], matched) for r in ref_runs]
-            agg.update(matched_step=matched, matched_accuracy=mean_ci(mine), ref_matched_accuracy=mean_ci(ref),
-                       matched_diff=diff_ci(mine, ref),
-                       final_diff=diff_ci([r["final_accuracy"] for r in rs], [r["final_accuracy"] for r in ref_runs]))
-        reached = [r for r in rs if r["steps_to_ref"] is not None]
-        agg["reached_ref"] = f"{len(reached)}/{len(rs)}"
-        agg["steps_to_ref"] = mean_ci([r["steps_to_ref"] for r in reached]) if reached else None
-        agg["seconds_to_ref"] = mean_ci([r["seconds_to_ref"] for r in reached]) if reached else None
-        by_credit[c] = agg
-    return {"reference": reference, "reference_final_accuracy": target, "credits": by_credit,
-            "runs": list(per_run.values())}
-
-
-def _fmt(s: dict | None, scale: float = 1.0, digits: int = 1) -> str:
-    if not s or s["mean"] is None or s["mean"] != s["mean"]:
-        return "–"
-    txt = f"{s['mean'] * scale:.{digits}f}"
-    if s["n"] > 1:
-        txt += f" ± {s['std'] * scale:.{digits}f} [±{s['ci95'] * scale:.{digits}f}]"
-    return txt
-
-
-def _fmt_diff(d: dict | None, scale: float = 100.0) -> str:
-    if not d or d["mean"] is None or d["mean"] != d["mean"]:
-        return "–"
-    ci = f" [±{d['ci95'] * scale:.1f}]" if d["ci95"] == d["ci95"] and d["ci95"] is not None else ""
-    return f"{d['mean'] * scale:+.1f}{ci}"
-
-
-def markdown_table(results: dict) -> str:
-    """The results as a Markdown table (accuracies in points: mean ± std [95% CI half-width])."""
-    ref_name = results["reference"]
-    head = (f"| credit | held-out acc start → final | gain | Δ final vs {ref_name} | matched step "
-            f"| acc @ matched (vs {ref_name}) | greedy final | steps | s/step | importance share "
-            "| steps to ref | s to ref | grad norm | clipped | ESS | final entropy |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for c, a in results["credits"].items():
-        matched = (f"{_fmt(a['matched_accuracy'], 100)} vs {_fmt(a['ref_matched_accuracy'], 100)}: "
-                   f"{_fmt_diff(a['matched_diff'])}" if "matched_step" in a else "–")
-        lines.append(
-            f"| {c} | {_fmt(a['start_accuracy'], 100)} → {_fmt(a['final_accuracy'], 100)} | {_fmt(a['gain'], 100)} "
-            f"| {_fmt_diff(a.get('final_diff'))} | {a.get('matched_step', '–')} | {matched} "
-            f"| {_fmt(a['final_greedy'], 100)} | {_fmt(a['steps'], 1, 0)} | {_fmt(a['step_time'], 1, 2)} "
-            f"| {_fmt(a['importance_share'], 100)}% | {_fmt(a['steps_to_ref'], 1, 0)} ({a['reached_ref']}) "
-            f"| {_fmt(a['seconds_to_ref'], 1, 0)} | {_fmt(a['grad_norm'], 1, 2)} | {_fmt(a['grad_clipped'], 100, 0)}% "
-            f"| {_fmt(a['ess_ratio'], 1, 2)} | {_fmt(a['final_entropy'], 1, 3)} |")
-    ref = results["reference_final_accuracy"]
-    notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, in points, mean ± std over seeds [95% CI "
-             f"half-width]; Δ: difference of means vs {ref_name} [Welch 95% CI]; matched step: the fewest updates "
-             f"any run of that credit or of {ref_name} made (accuracy interpolated between evaluations); "
-             f"ref = {ref_name} final mean ({ref * 100:.1f})." if ref is not None else ""]
-    return "\n".join(lines + [""] + notes) + "\n"
 
 
 def _finite(obj):
@@ -249,12 +111,28 @@ def _die_with_parent(parent: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="oar-die-with-parent", daemon=True).start()
 
 
-def worker_pool(workers: int) -> ProcessPoolExecutor:
-    """``workers`` spawned processes that exit when this process dies (see :func:`_die_with_parent`)."""
+def worker_pool(workers: int, events=None, verbose: bool = False) -> ProcessPoolExecutor:
+    """``workers`` spawned processes that exit when this process dies (see :func:`_die_with_parent`) and send
+    their progress reports to ``events`` (see :func:`_init_worker`)."""
     import os
 
-    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_die_with_parent,
-                               initargs=(os.getpid(),))
+    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
+                               initargs=(os.getpid(), events, verbose))
+
+
+# set in each worker by _init_worker: where progress reports go, and whether library noise stays
+_EVENTS: queue.SimpleQueue | mp.queues.Queue | None = None
+_VERBOSE = False
+
+
+def _init_worker(events, verbose: bool) -> None:
+    global _EVENTS, _VERBOSE
+    _EVENTS, _VERBOSE = events, verbose
+
+
+def _init_pool_worker(parent: int, events, verbose: bool) -> None:
+    _die_with_parent(parent)
+    _init_worker(events, verbose)
 
 
 def _job(args: tuple[RunConfig, str, str | None]) -> dict:
@@ -262,14 +140,29 @@ def _job(args: tuple[RunConfig, str, str | None]) -> dict:
 
     torch.set_num_threads(1)
     cfg, run_dir, cache_dir = args
-    return train_lab(cfg, run_dir, cache_dir)
+    name = Path(run_dir).name
+
+    def report(**fields) -> None:
+        if _EVENTS is not None:
+            _EVENTS.put({"run": name, **fields})
+
+    report(status="running", note="")
+    try:
+        with quiet_libraries(_VERBOSE):
+            summary = train_lab(cfg, run_dir, cache_dir, report=report)
+    except BaseException:
+        report(status="failed")
+        raise
+    report(status="done", accuracy=summary["final"]["eval/accuracy"])
+    return summary
 
 
 def compare(
     out_dir: str | Path, preset: str = "default", credits: tuple[str, ...] | None = None,
     seeds: int | None = None, budget_s: float | None = None, verbosity: int | None = None, workers: int = 2,
     warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None, report: bool = True,
-    run_overrides: dict | None = None, resume: bool = False, regime: str | None = None,
+    run_overrides: dict | None = None, resume: bool = False, regime: str | None = None, progress: bool = True,
+    verbose: bool = False,
 ) -> dict:
     """Run every (credit, seed) of ``preset`` (overridden by the arguments) and write the results.
 
@@ -277,6 +170,8 @@ def compare(
     ``regime``: task overrides of :data:`oar.lab.regimes.REGIMES` (applied before ``verbosity``).
     ``resume``: keep the finished runs already in ``out_dir`` whose configuration is the one this call would
     run (an interrupted comparison continues where it stopped); every other run is trained from the start.
+    ``progress``: draw the live table (warm start, then one line per run; :class:`oar.progress.RunTable`).
+    ``verbose``: keep the libraries' own warnings, logs and progress bars (:func:`oar.quiet.quiet_libraries`).
 
     Returns the results object (also in ``out_dir/results.json``; table in ``out_dir/results.md``).
     """
@@ -284,7 +179,6 @@ def compare(
         raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
     columns = {c.strip().lower(): credit_column(c) for c in (credits or p.credits)}  # ValueError naming the bad one
-    credits = tuple(columns)
     seeds = p.seeds if seeds is None else seeds
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
@@ -297,14 +191,35 @@ def compare(
         warm = apply_regime(warm, regime)
     if verbosity is not None:
         warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    _, _, warm_path = warm_start(warm, cache_dir)  # once, before the workers (they load the cache)
-    warm_s = time.perf_counter() - t0
     fields = {"budget_s": budget_s or p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,
               "eval_k": p.eval_k, **p.run, **(run_overrides or {})}
     base = RunConfig(warm=warm, **fields)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from rich.live import Live
+
+    # Live re-draws the view 4 times a second and leaves its last state on the screen
+    with quiet_libraries(verbose), (Live(refresh_per_second=4) if progress else contextlib.nullcontext()) as live:
+        return _compare(out, preset, base, columns, seeds, workers, cache_dir, report, resume, live, verbose)
+
+
+def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[str, dict]], seeds: int,
+             workers: int, cache_dir, report: bool, resume: bool, live, verbose: bool) -> dict:
+    """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None);
+    ``columns``: column name -> (credit, options) (:func:`credit_column`)."""
+    warm, credits = base.warm, tuple(columns)
+    names = [f"{c}-s{seed}" for seed in range(seeds) for c in credits]
+    view = RunTable(names, workers, title=f"oar compare: {len(names)} runs, {workers} at a time",
+                    before=(WARM_START_ROW,), after=(REPORT_ROW,))
+    if live is not None:
+        live.update(view)
+    t0 = time.perf_counter()
+    view.update(WARM_START_ROW, status="running", note="loading")
+    _, _, warm_path = warm_start(warm, cache_dir, report=lambda **f: view.update(WARM_START_ROW, **f))
+    warm_s = time.perf_counter() - t0  # once, before the workers (they load the cache)
+    cached = view.rows[WARM_START_ROW].step == 0
+    view.update(WARM_START_ROW, status="cached" if cached else "done",
+                note=f"key {warm_path.name}" if cached else f"{view.rows[WARM_START_ROW].note}, {warm_s:.0f} s")
     jobs, dirs = [], {}
     for seed in range(seeds):  # seed-major: the credits of one seed run side by side on the cores
         for c in credits:
@@ -315,33 +230,52 @@ def compare(
             dirs[(c, seed)] = run_dir
             if not (resume and finished_run(run_dir, cfg)):
                 jobs.append((cfg, str(run_dir), str(cache_dir) if cache_dir else None))
-    _run_jobs(jobs, workers)
-    results = summarize(dirs, reference="grpo" if "grpo" in credits else credits[0])
+            else:
+                view.update(run_dir.name, status="cached", note="kept (--resume)")
+    _run_jobs(jobs, workers, view, verbose)
+    view.update(REPORT_ROW, status="running", note="results.json, results.md, report.md")
+    results = summarize_comparison(dirs, reference="grpo" if "grpo" in credits else credits[0])
     results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers})
     atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
-    atomic_write(out / "results.md", markdown_table(results))
+    table = format_results_table(results)
+    atomic_write(out / "results.md", table)
     if report:
-        try:
-            from oar.viz.report import write_report
-        except ImportError:
-            pass
-        else:
-            write_report([str(d) for d in dirs.values()], out, results=results)
+        from oar.viz.report import write_report
+
+        write_report([str(d) for d in dirs.values()], out, results_md=table)
+    view.update(REPORT_ROW, status="done")
     return results
 
 
-def _run_jobs(jobs: list, workers: int) -> None:
-    from rich.progress import Progress
+def _drain(events, view: RunTable) -> None:
+    """Fold progress reports into ``view`` until the ``None`` sentinel."""
+    while (event := events.get()) is not None:
+        view.update(**event)
 
-    with Progress() as prog:
-        task = prog.add_task(f"{len(jobs)} runs on {workers} worker(s)", total=len(jobs))
+
+def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False) -> None:
+    events = mp.get_context("spawn").Queue() if workers > 1 else queue.SimpleQueue()
+    drain = threading.Thread(target=_drain, args=(events, view), daemon=True)
+    drain.start()
+    for _, run_dir, _ in jobs[:workers]:  # a worker takes a while to import torch and TRL
+        view.update(Path(run_dir).name, status="starting", note="loading torch and TRL")
+    try:
         if workers == 1:
-            for j in jobs:
-                _job(j)
-                prog.advance(task)
+            _init_worker(events, verbose)
+            try:
+                for j in jobs:
+                    _job(j)
+            finally:
+                _init_worker(None, False)
             return
-        with worker_pool(workers) as pool:
+        with worker_pool(workers, events, verbose) as pool:
             for _ in pool.map(_job, jobs):
-                prog.advance(task)
+                pass
+    finally:
+        events.put(None)
+        drain.join(timeout=10)
+        if isinstance(events, mp.queues.Queue):
+            events.close()
+            events.join_thread()

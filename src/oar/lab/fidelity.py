@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from oar.lab.task import ANSWER, DISTRACTOR, FILLER, LABEL_NAMES, PIVOTAL, Problem
+from oar.lab.task import ANSWER, BOXED, DISTRACTOR, FILLER, LABEL_NAMES, PIVOTAL, LabProblem
 
 # every method with a per-token signal of its own (group-statistics methods have none on worked solutions)
 FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random", "entropy-mask", "cf-span", "shuffle:oar-g",
@@ -29,7 +29,7 @@ def pairwise_auc(scores: torch.Tensor, positive: torch.Tensor, negative: torch.T
     return auc.masked_fill(n == 0, float("nan"))
 
 
-def lab_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
+def lab_batch(tokenizer, problems: list[LabProblem]) -> dict[str, torch.Tensor]:
     """Rollout-layout tensors of the worked solutions: left-padded ``prompt_ids/prompt_mask [B, P]``,
     right-padded ``completion_ids/completion_mask [B, T]`` (completion + eos) and ``labels [B, T]``
     (task label per token, -1 on eos and padding)."""
@@ -47,8 +47,8 @@ def lab_batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
 
 
 def attribution_fidelity(
-    model, tokenizer, problems: list[Problem], scorers: tuple[str, ...] = FIDELITY_SCORERS,
-    conclude: str = "\\boxed{", batch_size: int = 32, seed: int = 0,
+    model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...] = FIDELITY_SCORERS,
+    conclude: str = BOXED, batch_size: int = 32, seed: int = 0,
 ) -> dict[str, dict[str, float]]:
     """AUC of each credit method for ranking pivotal reasoning tokens (operands, intermediate results) above
     answer-irrelevant filler, on the worked solutions of ``problems`` scored by ``model``.
@@ -104,7 +104,7 @@ def attribution_fidelity(
 
 
 def localisation(
-    model, tokenizer, problems: list[Problem], scorers: tuple[str, ...] = ("oar-g", "oar-p", "random"),
+    model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...] = ("oar-g", "oar-p", "random"),
     k: int = 4, temperature: float = 1.0, max_new_tokens: int = 128, batch_size: int = 32, seed: int = 0,
 ) -> dict[str, dict[str, float]]:
     """On the model's own failed samples whose error is a wrong step (:func:`oar.lab.task.first_wrong_step`): how
@@ -132,11 +132,11 @@ def localisation(
     if not failed:
         return {m.name: {"rate": float("nan"), "chance": float("nan"), "weight_wrong_step": float("nan"),
                          "completions": 0} for m in methods}
-    probe = OutcomeProbe(tokenizer, conclude="\\boxed{")
+    probe = OutcomeProbe(tokenizer, conclude=BOXED)
     gen = torch.Generator().manual_seed(seed)
     for i in range(0, len(failed), batch_size):
         chunk = failed[i : i + batch_size]
-        b = lab_batch(tokenizer, [Problem(pr, t, 0, (ANSWER,) * len(t)) for pr, t, _ in chunk])
+        b = lab_batch(tokenizer, [LabProblem(pr, t, 0, (ANSWER,) * len(t)) for pr, t, _ in chunk])
         batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
                             model=model)
         T = b["completion_ids"].shape[1]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oar.lab.task import Problem, extract_int
+from oar.lab.task import LabProblem, extract_int
 from oar.lab.tokenizer import build_char_tokenizer
 
 
@@ -90,7 +90,7 @@ def _decode(model, ids: torch.Tensor, mask: torch.Tensor, temperature: float, ma
     return out.masked_fill(out == eos, pad)
 
 
-def accuracy(model, tokenizer, problems: list[Problem], k: int = 4, temperature: float = 1.0,
+def accuracy(model, tokenizer, problems: list[LabProblem], k: int = 4, temperature: float = 1.0,
              max_new_tokens: int = 128, seed: int = 0) -> dict[str, float]:
     """Held-out accuracy: ``accuracy`` = avg@k at ``temperature`` (mean over k samples per problem),
     ``pass_at_k``, ``greedy_accuracy``, and ``mean_length`` (chars of the sampled completions)."""

@@ -14,7 +14,7 @@ import torch
 
 from oar.files import atomic_write, read_jsonl
 from oar.lab.model import accuracy
-from oar.lab.task import lab_reward, make_split, max_completion_chars
+from oar.lab.task import BOXED, lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.training import RunDirCallback
 
@@ -76,12 +76,16 @@ class LabCallback(RunDirCallback):
     steps (merged into that step's record; step 0 before training) and a stop once ``budget_s`` training seconds
     have passed. ``wall_time`` counts training seconds only (by ``clock``, a key of :data:`CLOCKS`);
     ``eval_time`` the evaluation seconds so far.
+    ``report``: called with keywords ``step``, ``done`` (share of the budget used, 0..1) and ``s_per_step`` after
+    every step, ``note`` when an evaluation starts and ``accuracy`` when it ends; ``oar compare`` draws them.
     """
 
     def __init__(self, run_info: dict, evaluate: Callable[[int], dict], budget_s: float, eval_every: int,
+                 max_steps: int | None = None, report: Callable[..., None] | None = None,
                  clock: str = "cpu") -> None:
         super().__init__(run_info)
         self._evaluate, self.budget_s, self.eval_every = evaluate, budget_s, eval_every
+        self.max_steps, self.report = max_steps, report or (lambda **fields: None)
         self.now = CLOCKS[clock]
         self.train_s = self.eval_s = 0.0
         self.t_step = 0.0
@@ -91,9 +95,11 @@ class LabCallback(RunDirCallback):
         return self.train_s
 
     def evaluate(self, step: int) -> dict:
+        self.report(note=f"held-out evaluation at step {step}")
         t0 = self.now()
         out = {f"eval/{k}": v for k, v in self._evaluate(step).items()}
         self.eval_s += self.now() - t0
+        self.report(step=step, accuracy=out.get("eval/accuracy"), note="")
         return out
 
     def on_train_begin(self, args, state, control, **kw):
@@ -107,6 +113,9 @@ class LabCallback(RunDirCallback):
         self.train_s += self.now() - self.t_step
         if self.train_s >= self.budget_s:
             control.should_training_stop = True
+        step = state.global_step
+        self.report(step=step, s_per_step=self.train_s / max(step, 1),
+                    done=max(self.train_s / self.budget_s, step / self.max_steps if self.max_steps else 0.0))
         if state.global_step % self.eval_every == 0 or control.should_training_stop:
             self.pending.update(self.evaluate(state.global_step))
 
@@ -117,10 +126,12 @@ class LabCallback(RunDirCallback):
         super().on_log(args, state, control, logs=logs, **kw)
 
 
-def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None) -> dict:
+def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None,
+              report: Callable[..., None] | None = None) -> dict:
     """Train one (credit, seed) run into ``run_dir`` (run.json, metrics.jsonl, summary.json); returns the summary.
 
-    Uses ``oar.trainer.OARGRPOTrainer`` (``credit="grpo"`` is TRL's GRPO). One torch thread.
+    Uses ``oar.trainer.OARGRPOTrainer`` (``credit="grpo"`` is TRL's GRPO). One torch thread. ``report``: the
+    progress hook of :class:`LabCallback` (keyword fields ``step``, ``done``, ``s_per_step``, ``accuracy``).
     """
     from datasets import Dataset
     from transformers import PrinterCallback
@@ -147,12 +158,12 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         max_grad_norm=cfg.max_grad_norm, adam_beta2=cfg.adam_beta2, beta=0.0, loss_type=cfg.loss_type,
         gradient_checkpointing=cfg.gradient_checkpointing, max_steps=cfg.max_steps, logging_steps=1,
         save_strategy="no", report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0, conclude_text="\\boxed{", **cfg.oar,
+        disable_tqdm=True, dataloader_num_workers=0, conclude_text=BOXED, **cfg.oar,
     )
     cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg)},
                      lambda step: accuracy(model, tok, test, k=cfg.eval_k, temperature=cfg.temperature,
                                            max_new_tokens=max_len, seed=1000 + step),
-                     cfg.budget_s, cfg.eval_every, cfg.clock)
+                     cfg.budget_s, cfg.eval_every, cfg.max_steps, report, cfg.clock)
     trainer = OARGRPOTrainer(model=model, args=args, processing_class=tok, reward_funcs=lab_reward,
                              train_dataset=ds, callbacks=[cb])
     trainer.remove_callback(PrinterCallback)

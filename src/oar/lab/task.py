@@ -30,7 +30,7 @@ FILLERS: tuple[str, ...] = (
 # answer-irrelevant commentary holding a number (the number is never a value of the problem's chain)
 DISTRACTORS: tuple[str, ...] = ("check {n}", "not {n}", "about {n}", "{n} is close", "maybe {n}", "skip {n}")
 STEP_SEP = "; "
-BOXED = "\\boxed{"
+BOXED = "\\boxed{"  # opens the answer statement; also the lab's conclude text (the probe's, the trainer's)
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ _LATER_KNOBS = {"distractors": 0}
 
 
 @dataclass(frozen=True)
-class Problem:
+class LabProblem:
     """One problem: ``prompt`` text, worked ``completion`` text, integer ``answer`` (the true one), and
     ``labels``, one per completion character (PIVOTAL / STRUCTURE / FILLER / ANSWER). With a slip the
     completion's boxed value differs from ``answer``."""
@@ -137,7 +137,7 @@ def _solve(rng: random.Random, cfg: TaskConfig, start: int, ops: list[tuple[str,
     return text, labels
 
 
-def make_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
+def make_problem(rng: random.Random, cfg: TaskConfig) -> LabProblem:
     """Draw one problem (and its worked solution) from ``rng``."""
     start, ops = _expression(rng, cfg)
     answer = start
@@ -145,7 +145,7 @@ def make_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
         answer = answer + b if op == "+" else answer - b
     prompt = str(start) + "".join(f"{op}{b}" for op, b in ops) + "="
     completion, labels = _solve(rng, cfg, start, ops)
-    return Problem(prompt, completion, answer, tuple(labels))
+    return LabProblem(prompt, completion, answer, tuple(labels))
 
 
 def max_completion_chars(cfg: TaskConfig) -> int:
@@ -157,7 +157,7 @@ def max_completion_chars(cfg: TaskConfig) -> int:
     return cfg.max_steps * step + len(BOXED) + digits + 1
 
 
-def make_split(cfg: TaskConfig, split: str, n: int, seed: int = 0) -> list[Problem]:
+def make_split(cfg: TaskConfig, split: str, n: int, seed: int = 0) -> list[LabProblem]:
     """``n`` problems of ``split`` ("train" or "test"); the splits never share a prompt.
 
     A prompt belongs to "test" iff a hash of it falls in a fixed 1/8 bucket, so the splits stay disjoint
@@ -168,7 +168,7 @@ def make_split(cfg: TaskConfig, split: str, n: int, seed: int = 0) -> list[Probl
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     rng = random.Random(f"{split}:{seed}:{cfg.key()}")
-    out: list[Problem] = []
+    out: list[LabProblem] = []
     while len(out) < n:
         p = make_problem(rng, cfg)
         if is_test_prompt(p.prompt) == (split == "test"):

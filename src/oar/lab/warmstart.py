@@ -5,18 +5,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
-import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from oar.cache import cache_dir as oar_cache_dir
+from oar.files import replace_dir
 from oar.lab.model import ModelConfig, build_model, lab_tokenizer
 from oar.lab.task import TaskConfig, is_test_prompt, make_problem
+from oar.progress import ProgressLines
 
 CACHE_VERSION = 1
 
@@ -41,11 +43,6 @@ class WarmStartConfig:
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def cache_root() -> Path:
-    """``$OAR_CACHE`` if set, else ``~/.cache/oar/lab``."""
-    return Path(os.environ.get("OAR_CACHE") or Path.home() / ".cache" / "oar" / "lab")
-
-
 def sft_batch(tokenizer, problems, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids, attention_mask, labels [B, L]`` (labels -100 except completion + eos)."""
     rows, labs = [], []
@@ -64,8 +61,11 @@ def sft_batch(tokenizer, problems, device="cpu") -> tuple[torch.Tensor, torch.Te
     return ids.to(device), mask.to(device), labels.to(device)
 
 
-def train_sft(cfg: WarmStartConfig, progress: bool = True):
-    """Run the SFT recipe from scratch; returns ``(model, tokenizer, info)`` with the loss curve in ``info``."""
+def train_sft(cfg: WarmStartConfig, progress: bool = True, report: Callable[..., None] | None = None):
+    """Run the SFT recipe from scratch; returns ``(model, tokenizer, info)`` with the loss curve in ``info``.
+
+    Progress: ``report(step=, total=, done=, note=)`` after every step when given, else a step line when
+    ``progress``."""
     tok = lab_tokenizer()
     model = build_model(cfg.model, len(tok), seed=cfg.seed)
     model.train()
@@ -81,7 +81,7 @@ def train_sft(cfg: WarmStartConfig, progress: bool = True):
     rng = random.Random(f"sft:{cfg.seed}")
     losses = []
     t0 = time.perf_counter()
-    bar = _progress(cfg.steps, "warm start (SFT)", progress)
+    lines = ProgressLines({"warm start (SFT)": cfg.steps}, enabled=progress and report is None)
     for step in range(cfg.steps):
         batch = []
         while len(batch) < cfg.batch_size:
@@ -96,46 +96,29 @@ def train_sft(cfg: WarmStartConfig, progress: bool = True):
         opt.step()
         sched.step()
         losses.append(loss.item())
-        bar(step, loss.item())
+        lines.advance("warm start (SFT)", loss=f"{losses[-1]:.3f}")
+        if report is not None:
+            report(step=step + 1, total=cfg.steps, done=(step + 1) / cfg.steps, note=f"loss {losses[-1]:.3f}")
+    lines.close()
     model.eval()
     info = {"seconds": time.perf_counter() - t0, "loss": losses[-1], "losses": losses[:: max(1, cfg.steps // 50)]}
     return model, tok, info
 
 
-def warm_start(cfg: WarmStartConfig | None = None, cache_dir: str | Path | None = None, progress: bool = True):
+def warm_start(cfg: WarmStartConfig | None = None, cache_dir: str | Path | None = None, progress: bool = True,
+               report: Callable[..., None] | None = None):
     """The warm-started lab model: loaded from ``cache_dir/<cfg.key()>`` when cached, else trained and saved
-    atomically there. Returns ``(model, tokenizer, path)``."""
+    atomically there (progress as in :func:`train_sft`). Returns ``(model, tokenizer, path)``."""
     from transformers import Qwen2ForCausalLM
 
     cfg = cfg or WarmStartConfig()
-    path = Path(cache_dir or cache_root()) / cfg.key()
+    path = Path(cache_dir or oar_cache_dir("lab")) / cfg.key()
     if not (path / "info.json").exists():
-        model, _, info = train_sft(cfg, progress)
+        model, _, info = train_sft(cfg, progress, report)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{cfg.key()}."))
         model.save_pretrained(tmp)
         (tmp / "info.json").write_text(json.dumps({"config": asdict(cfg), **info}, indent=1))
-        try:
-            os.replace(tmp, path)
-        except OSError:  # another process cached it first: keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
+        replace_dir(tmp, path, keep_existing=True)  # another process cached it first: keep theirs
     model = Qwen2ForCausalLM.from_pretrained(path).float().eval()
     return model, lab_tokenizer(), path
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    """A tiny step callback over ``rich.progress`` (no-op when disabled)."""
-    if not enabled:
-        return lambda step, loss: None
-    from rich.progress import Progress
-
-    prog = Progress(transient=True)
-    task = prog.add_task(desc, total=total)
-    prog.start()
-
-    def update(step: int, loss: float) -> None:
-        prog.update(task, advance=1, description=f"{desc} loss {loss:.3f}")
-        if step == total - 1:
-            prog.stop()
-
-    return update

@@ -147,9 +147,9 @@ def slug(key: str) -> str:
 
 
 def plot_metric(runs: Sequence[Run], key: str, path: str | os.PathLike, x: str = "step",
-                group_by: str = "credit") -> Path:
+                group_by: str = "credit", title: str | None = None) -> Path:
     """One PNG: ``key`` against ``x`` (``step`` or ``wall_time``), a line per group and a min-max band over
-    the runs of a group. Written atomically; returns the path."""
+    the runs of a group; ``title`` defaults to ``key``. Written atomically; returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,13 +171,65 @@ def plot_metric(runs: Sequence[Run], key: str, path: str | os.PathLike, x: str =
                     label=f"{label} (mean of {n})" if n > 1 else label)
             if n > 1:
                 ax.fill_between(gx, lo, hi, color=colour, alpha=0.2, lw=0)
-        ax.set_xlabel("training step" if x == "step" else "seconds since the first logged row")
+        ax.set_xlabel("training step" if x == "step" else "wall_time: seconds since the first logged row")
         ax.set_ylabel(key)
         derived = key == "step_time" and not any(_is_number(r.get(key)) for run in runs for r in run.rows)
-        ax.set_title(key + (" (Δ wall_time / Δ step)" if derived else ""))
+        ax.set_title((title or key) + (" (Δ wall_time / Δ step)" if derived else ""))
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize="small")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")  # keeps the legend below the axes
+    finally:
+        plt.close(fig)
+    return atomic_write(path, buf.getvalue())
+
+
+def step_time_breakdown(runs: Sequence[Run], group_by: str = "credit") -> dict[str, tuple[float, float]]:
+    """Per group, ``(scoring, rest)`` seconds per training step, means over its runs: ``step_time`` (or
+    Δwall_time / Δstep) split by ``oar/importance_share`` (0 when not logged, as for GRPO)."""
+    out = {}
+    for label, members in group_runs(runs, group_by).items():
+        totals, shares = [], []
+        for run in members:
+            _, dt = run.series("step_time")
+            _, share = run.series("oar/importance_share")
+            if dt.size:
+                totals.append(float(dt.mean()))
+                shares.append(float(share.mean()) if share.size else 0.0)
+        if totals:
+            total, share = float(np.mean(totals)), float(np.mean(shares))
+            out[label] = (total * share, total * (1.0 - share))
+    return out
+
+
+def plot_step_time_breakdown(runs: Sequence[Run], path: str | os.PathLike, group_by: str = "credit") -> Path:
+    """One PNG: a horizontal bar per group, seconds per step split into token scoring and the rest
+    (generation, loss, update), from :func:`step_time_breakdown`. Written atomically; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = step_time_breakdown(runs, group_by)
+    labels = list(parts)
+    fig, ax = plt.subplots(figsize=(6.4, 1.2 + 0.45 * max(len(labels), 1)), dpi=110)
+    try:
+        scoring = [parts[k][0] for k in labels]
+        rest = [parts[k][1] for k in labels]
+        ax.barh(labels, rest, color="#9aa5b1", label="generation, loss and update")
+        ax.barh(labels, scoring, left=rest, color="#d9534f", label="token scoring (OAR)")
+        for i, (s, r) in enumerate(zip(scoring, rest, strict=True)):
+            ax.text(s + r, i, f" {s + r:.2f} s" + (f" ({100 * s / (s + r):.0f}% scoring)" if s >= 0.005 * (s + r)
+                                                   else ""),
+                    va="center", fontsize="small")
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds per training step (mean over runs)")
+        ax.set_title("step-time breakdown")
+        ax.set_xlim(0, max((s + r for s, r in zip(scoring, rest, strict=True)), default=1.0) * 1.45)
+        ax.grid(alpha=0.3, axis="x")
+        if labels:
+            ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=2, frameon=False)
         buf = io.BytesIO()
         fig.tight_layout()
         fig.savefig(buf, format="png")

@@ -1,4 +1,4 @@
-"""``report.md`` for one or more run directories: summary table, results table, learning-curve PNGs."""
+"""``report.md`` for one or more run directories: results table, key figures, summary table, every metric's curve."""
 
 from __future__ import annotations
 
@@ -10,7 +10,17 @@ from pathlib import Path
 import numpy as np
 
 from oar.files import atomic_write
-from oar.viz.plots import Run, expand_run_dirs, group_runs, load_run, metric_keys, plot_metric, slug
+from oar.viz.plots import (
+    Run,
+    expand_run_dirs,
+    group_runs,
+    load_run,
+    metric_keys,
+    plot_metric,
+    plot_step_time_breakdown,
+    slug,
+    step_time_breakdown,
+)
 
 # columns of the summary table, when present: the final logged value (step_time: the mean over the run)
 SUMMARY_KEYS = ("eval/accuracy", "reward", "entropy", "oar/ess_ratio", "step_time")
@@ -83,8 +93,39 @@ def summary_markdown(runs: Sequence[Run], group_by: str = "credit") -> str:
 
 
 def _load_results(runs: Sequence[Run]) -> list[tuple[Path, object]]:
-    found = dict.fromkeys(r.path.resolve().parent / "results.json" for r in runs)
-    return [(p, json.loads(p.read_text(encoding="utf-8"))) for p in found if p.is_file()]
+    """``results.md`` (preferred, as written by ``oar compare``) or ``results.json`` next to the run directories."""
+    found = []
+    for parent in dict.fromkeys(r.path.resolve().parent for r in runs):
+        if (parent / "results.md").is_file():
+            found.append((parent / "results.md", (parent / "results.md").read_text(encoding="utf-8")))
+        elif (parent / "results.json").is_file():
+            found.append((parent / "results.json", json.loads((parent / "results.json").read_text(encoding="utf-8"))))
+    return found
+
+
+# the figures a reader wants first: (file name, metric, x axis, heading); None metric: the step-time breakdown
+KEY_FIGURES: tuple[tuple[str, str | None, str, str], ...] = (
+    ("accuracy_vs_updates.png", "eval/accuracy", "step", "Held-out accuracy against updates"),
+    ("accuracy_vs_wall_clock.png", "eval/accuracy", "wall_time", "Held-out accuracy against wall-clock seconds"),
+    ("step_time_breakdown.png", None, "step", "Step-time breakdown per credit"),
+    ("weight_ess.png", "oar/ess_ratio", "step", "Weight ESS ratio (1 = uniform credit, as GRPO)"),
+)
+
+
+def _key_figures(runs: Sequence[Run], keys: list[str], out_dir: Path, group_by: str) -> list[str]:
+    """Write the :data:`KEY_FIGURES` the runs have data for into ``out_dir/figures/``; their Markdown lines."""
+    lines = []
+    for name, key, x, heading in KEY_FIGURES:
+        if key is None:
+            if not step_time_breakdown(runs, group_by):
+                continue
+            plot_step_time_breakdown(runs, out_dir / "figures" / name, group_by=group_by)
+        elif key in keys:
+            plot_metric(runs, key, out_dir / "figures" / name, x=x, group_by=group_by, title=heading)
+        else:
+            continue
+        lines += [f"### {heading}", "", f"![{heading}](figures/{name})", ""]
+    return lines
 
 
 def write_report(
@@ -93,15 +134,19 @@ def write_report(
     results: dict | list | None = None,
     x: str = "step",
     group_by: str = "credit",
+    results_md: str | None = None,
 ) -> Path:
-    """Plot every logged metric of ``run_dirs`` into ``out_dir/plots/*.png`` and write ``out_dir/report.md``.
+    """Write ``out_dir/report.md``: the results table, the key figures (``out_dir/figures/``: accuracy against
+    updates and against training seconds, step-time breakdown, weight ESS), the summary table, then every logged
+    metric under "All metrics" (``out_dir/plots/*.png``) and the list of runs.
 
     Args:
         run_dirs: run directories (``run.json`` + ``metrics.jsonl``), or directories holding them.
-        out_dir: where ``report.md`` and ``plots/`` go (created).
-        results: a results object (e.g. from ``oar compare``) for the results table; default: the
-            ``results.json`` next to the run directories, when there is one.
-        x: ``step`` or ``wall_time``. group_by: ``credit`` (band over seeds) or ``run``.
+        out_dir: where ``report.md``, ``figures/`` and ``plots/`` go (created).
+        results: a results object for the results table (rendered by :func:`results_markdown`).
+        results_md: the results table as Markdown, used as is (``oar compare`` passes its ``results.md``).
+            Default for both: ``results.md``, else ``results.json``, next to the run directories.
+        x: ``step`` or ``wall_time`` for the "All metrics" curves. group_by: ``credit`` (band over seeds) or ``run``.
 
     Returns:
         The path of ``report.md``.
@@ -113,16 +158,24 @@ def write_report(
     keys = metric_keys(runs)
     groups = group_runs(runs, group_by)
     lines = ["# OAR run report", "",
-             f"{len(runs)} runs in {len(groups)} groups ({', '.join(groups)}); curves against {x}; "
-             "lines are means over the runs of a group, bands their min..max.", "",
-             "## Summary", "", "Final logged value (step_time: mean over the run); mean ± std (min..max) over runs.",
-             "", summary_markdown(runs, group_by), ""]
-    tables = [("", results)] if results is not None else [(str(p), r) for p, r in _load_results(runs)]
+             f"{len(runs)} runs in {len(groups)} groups ({', '.join(groups)}); curves against {x}; lines are means "
+             "over the runs of a group, bands their min..max.", ""]
+    if results_md is not None:
+        tables = [("", results_md)]
+    elif results is not None:
+        tables = [("", results_markdown(results))]
+    else:
+        tables = [(str(p), r if isinstance(r, str) else results_markdown(r)) for p, r in _load_results(runs)]
     if tables:
         lines += ["## Results", ""]
         for source, table in tables:
-            lines += ([f"From `{source}`:", ""] if source else []) + [results_markdown(table), ""]
-    lines += ["## Learning curves", ""]
+            lines += ([f"From `{source}`:", ""] if source else []) + [table.rstrip("\n"), ""]
+    figures = _key_figures(runs, keys, out_dir, group_by)
+    if figures:
+        lines += ["## Key figures", "", *figures]
+    lines += ["## Summary", "", "Final logged value (step_time: mean over the run); mean ± std (min..max) over runs.",
+              "", summary_markdown(runs, group_by), ""]
+    lines += ["## All metrics", "", f"Every logged metric against {x}.", ""]
     if not keys:
         lines += ["No metric has two or more logged values yet.", ""]
     for key in keys:

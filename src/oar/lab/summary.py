@@ -1,0 +1,156 @@
+"""The results of ``oar compare``: run directories aggregated per credit (``summarize_comparison``), rendered
+as the Markdown table of ``results.md`` and ``report.md`` (``format_results_table``) and as the compact terminal
+summary (``terminal_summary``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oar.files import read_jsonl
+from oar.lab.stats import accuracy_at, diff_ci, mean_ci
+
+
+def _mean_key(rows: list[dict], key: str) -> float:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str = "grpo") -> dict:
+    """Aggregate run directories into the results object (per credit, over seeds).
+
+    Per run: start/final held-out ``eval/accuracy`` (sampled avg@k; final = mean of the last two evaluations),
+    greedy accuracy, steps, training seconds, mean ``step_time``, importance share, mean grad norm, clipped
+    fraction, weight ESS ratio and the final entropy; ``steps_to_ref``/``seconds_to_ref``: first evaluation after
+    step 0 reaching the ``reference`` credit's mean final accuracy (None if never).
+    Per credit, against the reference: ``final_diff`` (difference of mean final accuracies, Welch 95% CI) and, at
+    ``matched_step`` (the fewest updates any run of the credit or of the reference made), ``matched_accuracy``,
+    ``ref_matched_accuracy`` and ``matched_diff``; accuracies between evaluations are linearly interpolated.
+    """
+    runs = {k: read_jsonl(d / "metrics.jsonl") for k, d in run_dirs.items()}
+    per_run = {}
+    for (credit, seed), rows in runs.items():
+        evals = [r for r in rows if "eval/accuracy" in r]
+        train = [r for r in rows if "step_time" in r]
+        final = sum(r["eval/accuracy"] for r in evals[-2:]) / len(evals[-2:])
+        per_run[(credit, seed)] = {
+            "credit": credit, "seed": seed, "start_accuracy": evals[0]["eval/accuracy"], "final_accuracy": final,
+            "start_greedy": evals[0]["eval/greedy_accuracy"], "final_greedy": evals[-1]["eval/greedy_accuracy"],
+            "final_pass_at_k": evals[-1]["eval/pass_at_k"], "steps": evals[-1]["step"],
+            "train_seconds": evals[-1]["wall_time"], "step_time": _mean_key(train, "step_time"),
+            "importance_share": _mean_key(train, "oar/importance_share"),
+            "grad_norm": _mean_key(train, "grad_norm"), "grad_clipped": _mean_key(train, "oar/grad_clipped"),
+            "ess_ratio": _mean_key(train, "oar/ess_ratio"), "reward": _mean_key(train[-10:], "reward"),
+            "final_entropy": train[-1].get("entropy", float("nan")) if train else float("nan"),
+            "start_entropy": train[0].get("entropy", float("nan")) if train else float("nan"),
+            "curve": [(r["step"], r["wall_time"], r["eval/accuracy"]) for r in evals],
+        }
+    credits = list(dict.fromkeys(c for c, _ in per_run))
+    ref_runs = [r for (c, _), r in per_run.items() if c == reference]
+    target = sum(r["final_accuracy"] for r in ref_runs) / len(ref_runs) if ref_runs else None
+    for r in per_run.values():
+        hit = next(((s, t) for s, t, a in r["curve"][1:] if target is not None and a >= target), None)
+        r["steps_to_ref"], r["seconds_to_ref"] = hit if hit else (None, None)
+    by_credit = {}
+    for c in credits:
+        rs = [r for (cc, _), r in sorted(per_run.items()) if cc == c]
+        agg = {k: mean_ci([r[k] for r in rs]) for k in (
+            "start_accuracy", "final_accuracy", "final_greedy", "final_pass_at_k", "steps", "train_seconds",
+            "step_time", "importance_share", "grad_norm", "grad_clipped", "ess_ratio", "final_entropy")}
+        agg["gain"] = mean_ci([r["final_accuracy"] - r["start_accuracy"] for r in rs])
+        if ref_runs:  # same number of updates: the fewest steps any run of c or of the reference made
+            matched = min(r["curve"][-1][0] for r in rs + ref_runs)
+            mine = [accuracy_at(r["curve"], matched) for r in rs]
+            ref = [accuracy_at(r["curve"], matched) for r in ref_runs]
+            agg.update(matched_step=matched, matched_accuracy=mean_ci(mine), ref_matched_accuracy=mean_ci(ref),
+                       matched_diff=diff_ci(mine, ref),
+                       final_diff=diff_ci([r["final_accuracy"] for r in rs], [r["final_accuracy"] for r in ref_runs]))
+        reached = [r for r in rs if r["steps_to_ref"] is not None]
+        agg["reached_ref"] = f"{len(reached)}/{len(rs)}"
+        agg["steps_to_ref"] = mean_ci([r["steps_to_ref"] for r in reached]) if reached else None
+        agg["seconds_to_ref"] = mean_ci([r["seconds_to_ref"] for r in reached]) if reached else None
+        by_credit[c] = agg
+    return {"reference": reference, "reference_final_accuracy": target, "credits": by_credit,
+            "runs": list(per_run.values())}
+
+
+def _fmt(s: dict | None, scale: float = 1.0, digits: int = 1) -> str:
+    if not s or s["mean"] is None or s["mean"] != s["mean"]:
+        return "–"
+    txt = f"{s['mean'] * scale:.{digits}f}"
+    if s["n"] > 1:
+        txt += f" ± {s['std'] * scale:.{digits}f} [±{s['ci95'] * scale:.{digits}f}]"
+    return txt
+
+
+def _fmt_diff(d: dict | None, scale: float = 100.0) -> str:
+    if not d or d["mean"] is None or d["mean"] != d["mean"]:
+        return "–"
+    ci = f" [±{d['ci95'] * scale:.1f}]" if d["ci95"] == d["ci95"] and d["ci95"] is not None else ""
+    return f"{d['mean'] * scale:+.1f}{ci}"
+
+
+def format_results_table(results: dict) -> str:
+    """The results as a Markdown table (accuracies in points: mean ± std [95% CI half-width])."""
+    ref_name = results["reference"]
+    head = (f"| credit | held-out acc start → final | gain | Δ final vs {ref_name} | matched step "
+            f"| acc @ matched (vs {ref_name}) | greedy final | steps | s/step | importance share "
+            "| steps to ref | s to ref | grad norm | clipped | ESS | final entropy |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for c, a in results["credits"].items():
+        matched = (f"{_fmt(a['matched_accuracy'], 100)} vs {_fmt(a['ref_matched_accuracy'], 100)}: "
+                   f"{_fmt_diff(a['matched_diff'])}" if "matched_step" in a else "–")
+        lines.append(
+            f"| {c} | {_fmt(a['start_accuracy'], 100)} → {_fmt(a['final_accuracy'], 100)} | {_fmt(a['gain'], 100)} "
+            f"| {_fmt_diff(a.get('final_diff'))} | {a.get('matched_step', '–')} | {matched} "
+            f"| {_fmt(a['final_greedy'], 100)} | {_fmt(a['steps'], 1, 0)} | {_fmt(a['step_time'], 1, 2)} "
+            f"| {_fmt(a['importance_share'], 100)}% | {_fmt(a['steps_to_ref'], 1, 0)} ({a['reached_ref']}) "
+            f"| {_fmt(a['seconds_to_ref'], 1, 0)} | {_fmt(a['grad_norm'], 1, 2)} | {_fmt(a['grad_clipped'], 100, 0)}% "
+            f"| {_fmt(a['ess_ratio'], 1, 2)} | {_fmt(a['final_entropy'], 1, 3)} |")
+    ref = results["reference_final_accuracy"]
+    notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, in points, mean ± std over seeds [95% CI "
+             f"half-width]; Δ: difference of means vs {ref_name} [Welch 95% CI]; matched step: the fewest updates "
+             f"any run of that credit or of {ref_name} made (accuracy interpolated between evaluations); "
+             f"ref = {ref_name} final mean ({ref * 100:.1f})." if ref is not None else ""]
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def terminal_summary(results: dict):
+    """The compact result for a terminal (a ``rich.table.Table``, fits 80 columns): per credit the final held-out
+    accuracy ± 95% CI, the difference to the reference at equal wall-clock (same training budget) and at equal
+    updates (``matched_step``), and seconds per step. Points of accuracy; CIs are half-widths."""
+    from rich.table import Table
+
+    ref = results["reference"]
+    seeds = results.get("seeds", 1)
+    table = Table(title="held-out accuracy, points " + (f"(± 95% CI over {seeds} seeds)" if seeds > 1
+                                                         else "(1 seed: no interval)"),
+                  title_justify="left", box=None, pad_edge=False)
+    for name in ("credit", "final acc", f"Δ vs {ref}, same budget", f"Δ vs {ref}, same updates", "s/step"):
+        table.add_column(name, justify="left" if name == "credit" else "right", no_wrap=True)
+    for credit, a in results["credits"].items():
+        acc = a["final_accuracy"]
+        ci = f" ± {100 * acc['ci95']:.1f}" if acc["n"] > 1 and acc["ci95"] == acc["ci95"] else ""
+        same_budget = _fmt_diff(a.get("final_diff")) if credit != ref else "–"
+        same_updates = (f"{_fmt_diff(a['matched_diff'])} @{a['matched_step']}" if "matched_step" in a
+                        and credit != ref else "–")
+        table.add_row(credit, f"{100 * acc['mean']:.1f}{ci}", same_budget, same_updates,
+                      f"{a['step_time']['mean']:.2f}")
+    table.caption = ("Δ: difference of means [Welch 95% CI]; same updates: at the fewest steps any run of the pair "
+                     "made (@step). Full table: results.md.")
+    table.caption_justify = "left"
+    return table
+
+
+def print_summary(results: dict, out_dir: str | Path, console=None) -> None:
+    """What ``oar compare`` prints at the end: :func:`terminal_summary`, the wall time and the written files."""
+    from rich.console import Console
+
+    console = console or Console()
+    console.print()
+    console.print(terminal_summary(results))
+    out = Path(out_dir)
+    console.print(f"\nwarm start and runs: {results['wall_seconds'] / 60:.1f} min; wrote", highlight=False)
+    for name, what in (("results.md", "the full results table"), ("results.json", "every number, per run"),
+                       ("report.md", "key figures and every metric's curve")):
+        if (out / name).is_file():
+            console.print(f"  {out / name}  ({what})", highlight=False, soft_wrap=True)

@@ -1,0 +1,20 @@
+"""The one prompt template of training and evaluation: a user message with a ``{question}`` placeholder."""
+
+from __future__ import annotations
+
+PLACEHOLDER = "{question}"
+PROMPT_TEMPLATE = PLACEHOLDER + "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+def check_template(template: str) -> str:
+    """``template`` itself; ValueError when it lacks the ``{question}`` placeholder."""
+    if PLACEHOLDER not in template:
+        hint = " (oar train's '{prompt}' is now '{question}', as in oar eval)" if "{prompt}" in template else ""
+        raise ValueError(f"prompt template must contain '{PLACEHOLDER}'{hint}: {template!r}")
+    return template
+
+
+def fill_template(template: str, question: str) -> str:
+    """``template`` with ``{question}`` replaced (plain replacement: LaTeX braces such as ``\\boxed{}`` need no
+    escaping)."""
+    return check_template(template).replace(PLACEHOLDER, question)
