@@ -19,7 +19,7 @@ def reference_row(scores: np.ndarray, tau=0.25, beta=1.0, floor=0.1) -> np.ndarr
     if L < 2 or not np.all(np.isfinite(scores)):
         return np.ones(L)
     s = np.log1p(np.maximum(scores, 0.0))
-    if s.max() == s.min():
+    if s.max() - s.min() <= np.finfo(s.dtype).tiny:  # all equal (a subnormal spread counts as none)
         return np.ones(L)
     u = (s - s.min()) / (s.max() - s.min())
     theta = np.quantile(u, tau)  # linear interpolation
@@ -81,6 +81,16 @@ def test_matches_reference_and_properties(rows, extra, tau, beta, floor):
     for i, r in enumerate(rows):
         alone = bilevel_weights(*padded_batch([r], len(r) + 3), tau=tau, beta=beta, floor=floor)
         assert torch.allclose(alone[0, : len(r)], w[i, : len(r)], atol=1e-12, rtol=0)
+
+
+def test_a_subnormal_spread_counts_as_all_equal():
+    """Hypothesis found [0, 5e-324]: a spread no float can resolve gives uniform weights, on every CPU."""
+    for dtype in (torch.float64, torch.float32):
+        tiny = torch.finfo(dtype).tiny
+        scores = torch.tensor([[0.0, tiny / 4, 0.0], [0.0, 1.0, 0.5]], dtype=dtype)
+        w = bilevel_weights(scores, torch.ones_like(scores, dtype=torch.bool), tau=0.5, beta=0.0, floor=0.0)
+        assert torch.equal(w[0], torch.ones(3, dtype=dtype))
+        assert w[1, 0] == 0 and w[1, 1] > 1  # a resolvable spread is still reshaped
 
 
 @settings(max_examples=60, deadline=None)

@@ -76,7 +76,8 @@ def bilevel_weights(
 
     Returns:
         ``[B, T]`` weights, same dtype/device as ``scores``; exactly 1.0 outside ``mask`` and on every
-        row with fewer than 2 masked tokens, all-equal masked scores, or any non-finite masked score.
+        row with fewer than 2 masked tokens, all-equal masked scores (a spread of ``log1p`` scores below the
+        dtype's smallest normal number counts as equal), or any non-finite masked score.
     """
     _check_args(scores, mask, tau, beta, floor)
     if scores.shape[1] == 0:
@@ -88,7 +89,8 @@ def bilevel_weights(
     s_min = s.masked_fill(~mask, float("inf")).amin(dim=1, keepdim=True)
     s_max = s.masked_fill(~mask, float("-inf")).amax(dim=1, keepdim=True)
     span = s_max - s_min
-    valid = (n >= 2) & finite & (span.squeeze(1) > 0)
+    # a spread below the smallest normal number is no spread: subnormal ratios are noise (and flushed on some CPUs)
+    valid = (n >= 2) & finite & (span.squeeze(1) > torch.finfo(s.dtype).tiny)
 
     u = ((s - s_min) / torch.where(span > 0, span, torch.ones_like(span))).clamp(0.0, 1.0)
     u = u.masked_fill(~mask, 0.0)
