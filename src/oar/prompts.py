@@ -1,7 +1,10 @@
-"""The one prompt template of training and evaluation: a user message with a ``{question}`` placeholder."""
+"""The one prompt template of training and evaluation: a user message with a ``{question}`` placeholder, and
+the columns a raw training row holds (``oar train``, :func:`oar.training.load_train_dataset` and the README)."""
 
 from __future__ import annotations
 
+QUESTION_COLUMN = "problem"  # raw row: the problem text, filled into {question}
+ANSWER_COLUMN = "answer"  # raw row: the gold answer (a boxed solution or "#### n" is fine)
 PLACEHOLDER = "{question}"
 PROMPT_TEMPLATE = PLACEHOLDER + "\nPlease reason step by step, and put your final answer within \\boxed{}."
 

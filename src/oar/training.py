@@ -27,7 +27,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from oar.files import append_jsonl, atomic_write, check_writable_dir, read_jsonl, replace_dir
-from oar.prompts import PLACEHOLDER, PROMPT_TEMPLATE, check_template, fill_template
+from oar.prompts import ANSWER_COLUMN, PLACEHOLDER, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template, fill_template
 from oar.trainer import OARConfig
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -48,9 +48,9 @@ class TrainArguments:
     )
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
     dataset_split: str = field(default="train", metadata={"help": "Dataset split to train on."})
-    prompt_column: str = field(default="problem", metadata={"help": "Column with the problem text."})
+    prompt_column: str = field(default=QUESTION_COLUMN, metadata={"help": "Column with the problem text."})
     answer_column: str = field(
-        default="answer", metadata={"help": "Column with the gold answer (a boxed solution or '#### n' is fine)."}
+        default=ANSWER_COLUMN, metadata={"help": "Column with the gold answer (a boxed solution or '#### n' is fine)."}
     )
     prompt_template: str = field(
         default=PROMPT_TEMPLATE, metadata={"help": "Prompt text; '{question}' is replaced by the problem."}
@@ -174,8 +174,8 @@ def _gold(value: Any) -> str:
 
 def read_train_dataset(
     source: str,
-    prompt_column: str = "problem",
-    answer_column: str = "answer",
+    prompt_column: str = QUESTION_COLUMN,
+    answer_column: str = ANSWER_COLUMN,
     split: str = "train",
     config_name: str | None = None,
     max_samples: int | None = None,
@@ -245,7 +245,7 @@ def _check_rows(source: str, prompts: list, answers: list, prompt_column: str, a
             raise ValueError(f"dataset {source!r} row {i}: column {answer_column!r} has no answer, got {answer!r}")
 
 
-def format_train_dataset(ds, prompt_column: str = "problem", answer_column: str = "answer",
+def format_train_dataset(ds, prompt_column: str = QUESTION_COLUMN, answer_column: str = ANSWER_COLUMN,
                          prompt_template: str = PLACEHOLDER, conversational: bool = False):
     """The columns ``prompt`` (text, or a one-turn chat) and ``answer`` (gold text) of a checked raw dataset."""
 
@@ -259,8 +259,8 @@ def format_train_dataset(ds, prompt_column: str = "problem", answer_column: str 
 
 def load_train_dataset(
     source: str,
-    prompt_column: str = "problem",
-    answer_column: str = "answer",
+    prompt_column: str = QUESTION_COLUMN,
+    answer_column: str = ANSWER_COLUMN,
     prompt_template: str = PLACEHOLDER,
     conversational: bool = False,
     split: str = "train",
