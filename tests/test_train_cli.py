@@ -167,3 +167,23 @@ def test_training_and_evaluation_share_one_prompt_template(tmp_path):
     assert fill_template(PROMPT_TEMPLATE, "1+1?").startswith("1+1?\nPlease reason step by step")
     with pytest.raises(ValueError, match=r"'\{prompt\}' is now '\{question\}'"):
         fill_template("Q: {prompt}", "x")
+
+
+def test_one_default_column_set_for_cli_library_and_readme(tmp_path):
+    """The raw columns have one home (oar.prompts); the CLI, load_train_dataset and the README all use it."""
+    import inspect
+    from pathlib import Path
+
+    from oar.prompts import ANSWER_COLUMN, QUESTION_COLUMN
+    from oar.training import TrainArguments, read_train_dataset
+
+    assert TrainArguments().prompt_column == QUESTION_COLUMN and TrainArguments().answer_column == ANSWER_COLUMN
+    for fn in (load_train_dataset, read_train_dataset):
+        params = inspect.signature(fn).parameters
+        assert (params["prompt_column"].default, params["answer_column"].default) == (QUESTION_COLUMN, ANSWER_COLUMN)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert f'{{"{QUESTION_COLUMN}": ..., "{ANSWER_COLUMN}": ...}}' in readme
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({QUESTION_COLUMN: "1+1?", ANSWER_COLUMN: "2"}) + "\n")
+    ds = load_train_dataset(str(path))
+    assert sorted(ds.column_names) == ["answer", "prompt"] and ds[0]["prompt"].startswith("1+1?")
