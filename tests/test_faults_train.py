@@ -18,7 +18,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 from oar.cli import main  # noqa: E402
 from oar.files import read_jsonl  # noqa: E402
-from oar.training import last_checkpoint, parse_train_args, run_training  # noqa: E402
+from oar.train_run import last_checkpoint, parse_train_args, run_training  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +234,7 @@ def test_unwritable_output_dir_is_one_line(workspace, capsys, monkeypatch):
 
 def test_yaml_type_check_accepts_what_argparse_converts(tmp_path):
     from oar.trainer import OARConfig
-    from oar.training import TrainArguments, check_config_file
+    from oar.train_run import TrainArguments, check_config_file
 
     path = tmp_path / "ok.yaml"
     path.write_text("learning_rate: 1e-3\nmax_steps: '7'\nbf16: true\nreport_to: none\nprobe_mode: null\n"

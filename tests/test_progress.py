@@ -98,7 +98,7 @@ def test_quiet_libraries_silences_only_inside_and_restores():
 def test_train_progress_line_follows_steps_and_logged_values():
     from types import SimpleNamespace
 
-    from oar.training import TrainProgressCallback
+    from oar.train_run import TrainProgressCallback
 
     args, state = SimpleNamespace(disable_tqdm=False), SimpleNamespace(is_world_process_zero=True, max_steps=3,
                                                                        global_step=0)

@@ -15,7 +15,7 @@ pytest.importorskip("trl")
 from oar.attribution import read_records  # noqa: E402
 from oar.cli import main  # noqa: E402
 from oar.files import read_jsonl  # noqa: E402
-from oar.training import FINAL_STAGING, last_checkpoint, load_train_dataset, save_final_model  # noqa: E402
+from oar.train_run import FINAL_STAGING, last_checkpoint, load_train_dataset, save_final_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_dataset_loader_formats(tmp_path):
 def test_gpu_recipes_parse_with_trl_parser():
     from pathlib import Path
 
-    from oar.training import parse_train_args
+    from oar.train_run import parse_train_args
 
     recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
     assert recipes, "no recipe found"
@@ -161,7 +161,7 @@ def test_final_save_is_all_or_previous(tmp_path):
 def test_training_and_evaluation_share_one_prompt_template(tmp_path):
     from oar.eval.generation import DEFAULT_PROMPT
     from oar.prompts import PROMPT_TEMPLATE, fill_template
-    from oar.training import TrainArguments
+    from oar.train_run import TrainArguments
 
     assert TrainArguments().prompt_template == DEFAULT_PROMPT == PROMPT_TEMPLATE
     assert fill_template(PROMPT_TEMPLATE, "1+1?").startswith("1+1?\nPlease reason step by step")
@@ -175,7 +175,7 @@ def test_one_default_column_set_for_cli_library_and_readme(tmp_path):
     from pathlib import Path
 
     from oar.prompts import ANSWER_COLUMN, QUESTION_COLUMN
-    from oar.training import TrainArguments, read_train_dataset
+    from oar.train_run import TrainArguments, read_train_dataset
 
     assert TrainArguments().prompt_column == QUESTION_COLUMN and TrainArguments().answer_column == ANSWER_COLUMN
     for fn in (load_train_dataset, read_train_dataset):

@@ -1,4 +1,4 @@
-"""``oar train``: GRPO with OAR token credit. Parsing and wiring only; the work is in :mod:`oar.training`.
+"""``oar train``: GRPO with OAR token credit. Parsing and wiring only; the work is in :mod:`oar.train_run`.
 
 Every ``OARConfig`` / ``GRPOConfig`` field is an option (``--credit oar-p``, ``--loss_type dapo``, ...), read
 by TRL's own parser, so ``--config FILE.yaml`` and overrides work exactly as in TRL's scripts; ``--verbose``
@@ -24,10 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from oar.cli.parser import one_line_errors
     from oar.quiet import quiet_libraries
-    from oar.training import parse_train_args, run_training
+    from oar.train_run import parse_train_args, run_training
 
     verbose = "--verbose" in args.argv
-    with one_line_errors():  # TRL's parser, built in oar.training, reports a bad option in one line too
+    with one_line_errors():  # TRL's parser, built in oar.train_run, reports a bad option in one line too
         script_args, config = parse_train_args([a for a in args.argv if a != "--verbose"])
     with quiet_libraries(verbose):
         summary = run_training(script_args, config)
