@@ -233,8 +233,8 @@ def test_unwritable_output_dir_is_one_line(workspace, capsys, monkeypatch):
 
 
 def test_yaml_type_check_accepts_what_argparse_converts(tmp_path):
-    from oar.trainer import OARConfig
     from oar.train_run import TrainArguments, check_config_file
+    from oar.trainer import OARConfig
 
     path = tmp_path / "ok.yaml"
     path.write_text("learning_rate: 1e-3\nmax_steps: '7'\nbf16: true\nreport_to: none\nprobe_mode: null\n"
