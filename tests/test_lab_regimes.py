@@ -92,10 +92,16 @@ def test_localisation_counts_where_the_largest_weight_lands(monkeypatch):
             out[i, lo:hi] = 1.0
         return out
 
+    register_credit("t-flat", combine="multiply", needs_policy=False, needs_probe=False, passes="0", paper="test",
+                    summary="the same weight everywhere", effect=lambda scores, mask: 1 + scores)(
+        lambda batch: torch.zeros(batch.completion_ids.shape))
     try:
-        loc = localisation(model, tok, problems, scorers=("t-oracle", "random"), k=1)
+        loc = localisation(model, tok, problems, scorers=("t-oracle", "random", "t-flat"), k=1)
     finally:
         unregister_credit("t-oracle")
+        unregister_credit("t-flat")
+    # equal weights everywhere: every token ties for the largest, so the rate is the chance rate, not 0 or 1
+    assert loc["t-flat"]["rate"] == pytest.approx(loc["t-flat"]["chance"]) and 0 < loc["t-flat"]["rate"] < 1
     assert loc["t-oracle"]["completions"] == 3 and loc["t-oracle"]["rate"] == 1.0
     assert loc["t-oracle"]["weight_wrong_step"] > 1.0
     # chance: the wrong step's share of the tokens each method acts on (all tokens here, the reasoning for random)

@@ -108,7 +108,9 @@ def localisation(
     k: int = 4, temperature: float = 1.0, max_new_tokens: int = 128, batch_size: int = 32, seed: int = 0,
 ) -> dict[str, dict[str, float]]:
     """On the model's own failed samples whose error is a wrong step (:func:`oar.lab.task.first_wrong_step`): how
-    often each method's largest weight lands on the first wrong step (``rate``), the chance rate of a uniformly
+    often each method's largest weight lands on the first wrong step (``rate``; when several tokens share the
+    largest weight, the share of them inside the step: the rate of a random tie-break, so a flat or 0/1 mask
+    scores its chance rate rather than whatever the first tied position is), the chance rate of a uniformly
     random reasoning token (``chance``: the step's share of the reasoning tokens), the mean weight of the wrong
     step's tokens (``weight_wrong_step``; > 1 means the penalty concentrates there) and the number of completions
     (``completions``). Methods reading group statistics are rejected, as in :func:`attribution_fidelity`.
@@ -146,8 +148,9 @@ def localisation(
         for m in methods:
             tc = token_credit(m, batch, probe=probe, batch_size=batch_size, generator=gen)
             rows = tc.mask.any(dim=1) & (tc.mask & wrong).any(dim=1)
-            top = tc.weights.masked_fill(~tc.mask, float("-inf")).argmax(dim=1)
-            hit = wrong.gather(1, top[:, None]).squeeze(1)
+            w = tc.weights.masked_fill(~tc.mask, float("-inf"))
+            top = tc.mask & (w == w.amax(dim=1, keepdim=True))  # tokens sharing the largest weight share the hit
+            hit = (top & wrong).sum(1) / top.sum(1).clamp_min(1)
             share = (tc.mask & wrong).sum(1) / tc.mask.sum(1).clamp_min(1)
             w_wrong = (tc.weights * (tc.mask & wrong)).sum(1) / (tc.mask & wrong).sum(1).clamp_min(1)
             d = out[m.name]
