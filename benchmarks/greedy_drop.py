@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from oar.files import atomic_write
-from oar.lab.compare import finished_run, worker_pool
+from oar.lab.compare import _finite, finished_run, worker_pool
 from oar.lab.model import sample
 from oar.lab.run import RunConfig, train_lab
 from oar.lab.stats import mean_ci
@@ -62,8 +62,10 @@ def token_kinds(completion: str, labels: tuple[int, ...]) -> list[str]:
 
 
 def greedy_failure(prompt: str, completion: str, answer: int) -> str:
-    """``right``, ``wrong a`` / ``wrong b`` / ``wrong c`` (the first wrong step's wrong part), ``steps right, box
-    wrong`` (a step missing, or the boxed value not the last result) or ``no boxed answer``."""
+    """``right``; for the first wrong step (:func:`first_wrong_step`): ``step skipped`` (it does the next
+    operation), ``extra step`` (past the prompt's operations), ``wrong a`` (not the previous result), ``wrong b``
+    (not the prompt's operation) or ``wrong c`` (a slip in the result); ``steps right, box wrong`` (every written
+    step right: a step missing at the end, or the boxed value not the last result) or ``no boxed answer``."""
     if extract_int(completion) == answer:
         return "right"
     span = first_wrong_step(prompt, completion)
@@ -74,11 +76,14 @@ def greedy_failure(prompt: str, completion: str, answer: int) -> str:
     ops = re.findall(r"([+-])(\d+)", prompt[head.end():])
     steps_before = len(_STEP.findall(completion[: span[0]]))
     prev = int(head.group(1)) if steps_before == 0 else int(_STEP.findall(completion[: span[0]])[-1][3])
-    a, op, b = int(m.group(1)), m.group(2), m.group(3)
+    a, op, b = int(m.group(1)), m.group(2), str(int(m.group(3)))
+    ops = [(o, str(int(n))) for o, n in ops]
+    if steps_before >= len(ops):
+        return "extra step"
+    if (op, b) != ops[steps_before]:
+        return "step skipped" if ops[steps_before + 1 : steps_before + 2] == [(op, b)] else "wrong b"
     if a != prev:
         return "wrong a"
-    if steps_before >= len(ops) or (op, b) != ops[steps_before]:
-        return "wrong b"
     return "wrong c"
 
 
@@ -171,7 +176,7 @@ def main() -> None:
               "mean": {c: {"greedy": {k: agg(c, lambda m, k=k: m["greedy"].get(k, 0.0)) for k in cats},
                            "tokens": {k: {f: agg(c, lambda m, k=k, f=f: m["tokens"][k][f]) for f in ("logp", "top1")}
                                       for k in KINDS}} for c in CREDITS}}
-    atomic_write(out / "greedy_drop.json", json.dumps(result, indent=1))
+    atomic_write(out / "greedy_drop.json", json.dumps(_finite(result), indent=1, allow_nan=False))
     atomic_write(out / "greedy_drop.md", markdown(result, cats))
     print(markdown(result, cats))
 

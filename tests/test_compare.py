@@ -134,6 +134,8 @@ def test_credit_columns_carry_their_options_and_name_bad_ones():
         credit_column("oar-g@beta")
     with pytest.raises(ValueError, match="'ppo'"):
         credit_column("ppo@beta=2")
+    with pytest.raises(ValueError, match="must not contain"):
+        credit_column("oar-p@mode=../x")
 
 
 @pytest.mark.parametrize("clock, stops", [("cpu", False), ("wall", True)])

@@ -84,7 +84,7 @@ def test_matches_reference_and_properties(rows, extra, tau, beta, floor):
 
 
 def test_a_subnormal_spread_counts_as_all_equal():
-    """Hypothesis found [0, 5e-324]: a spread no float can resolve gives uniform weights, on every CPU."""
+    """Hypothesis found [0, 5e-324]: a spread below the smallest normal number gives uniform weights."""
     for dtype in (torch.float64, torch.float32):
         tiny = torch.finfo(dtype).tiny
         scores = torch.tensor([[0.0, tiny / 4, 0.0], [0.0, 1.0, 0.5]], dtype=dtype)

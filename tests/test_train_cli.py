@@ -107,7 +107,10 @@ def test_dataset_loader_formats(tmp_path):
     a = load_train_dataset(str(tmp_path / "d.jsonl"), answer_column="solution", prompt_template="Q: {question}")
     b = load_train_dataset(str(tmp_path / "d.parquet"), conversational=True)
     assert a[0] == {"prompt": "Q: 1+1=", "answer": "2"}
-    assert b[0] == {"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}
+    from oar.prompts import PROMPT_TEMPLATE  # the default: the prompts oar train and oar eval use
+
+    assert b[0] == {"prompt": [{"role": "user", "content": PROMPT_TEMPLATE.replace("{question}", "1+1=")}],
+                    "answer": "2"}
     with pytest.raises(ValueError, match="'question'"):
         load_train_dataset(str(tmp_path / "d.jsonl"), prompt_column="question")
 

@@ -89,7 +89,8 @@ def bilevel_weights(
     s_min = s.masked_fill(~mask, float("inf")).amin(dim=1, keepdim=True)
     s_max = s.masked_fill(~mask, float("-inf")).amax(dim=1, keepdim=True)
     span = s_max - s_min
-    # a spread below the smallest normal number is no spread: subnormal ratios are noise (and flushed on some CPUs)
+    # a spread below the smallest normal number is no spread: subnormal ratios are noise (and flushed to 0 on
+    # CPUs in flush-to-zero mode; single subnormal differences inside a larger spread may still differ there)
     valid = (n >= 2) & finite & (span.squeeze(1) > torch.finfo(s.dtype).tiny)
 
     u = ((s - s_min) / torch.where(span > 0, span, torch.ones_like(span))).clamp(0.0, 1.0)

@@ -27,7 +27,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from oar.files import append_jsonl, atomic_write, check_writable_dir, read_jsonl, replace_dir
-from oar.prompts import ANSWER_COLUMN, PLACEHOLDER, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template, fill_template
+from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template, fill_template
 from oar.trainer import OARConfig
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -246,7 +246,7 @@ def _check_rows(source: str, prompts: list, answers: list, prompt_column: str, a
 
 
 def format_train_dataset(ds, prompt_column: str = QUESTION_COLUMN, answer_column: str = ANSWER_COLUMN,
-                         prompt_template: str = PLACEHOLDER, conversational: bool = False):
+                         prompt_template: str = PROMPT_TEMPLATE, conversational: bool = False):
     """The columns ``prompt`` (text, or a one-turn chat) and ``answer`` (gold text) of a checked raw dataset."""
 
     def convert(row: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +261,7 @@ def load_train_dataset(
     source: str,
     prompt_column: str = QUESTION_COLUMN,
     answer_column: str = ANSWER_COLUMN,
-    prompt_template: str = PLACEHOLDER,
+    prompt_template: str = PROMPT_TEMPLATE,
     conversational: bool = False,
     split: str = "train",
     config_name: str | None = None,

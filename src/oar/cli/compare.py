@@ -19,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
     p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                   help="how a run's training seconds are counted: its process's CPU time (default; unaffected by "
-                   "other jobs on the machine) or wall-clock time")
+                   help="how a run's training seconds are counted: its training thread's CPU time (default; "
+                   "unaffected by other jobs on the machine) or wall-clock time")
     p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 1)")
     p.add_argument("--regime", help="task regime: default, terse, long, distract, verbose (oar.lab.regimes)")
     p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")

@@ -54,6 +54,8 @@ PRESETS: dict[str, ComparePreset] = {
 def credit_column(spec: str) -> tuple[str, dict]:
     """A comparison column ``NAME`` or ``NAME@OPT=VALUE&OPT=VALUE`` (e.g. ``oar-g@beta=2``): the credit and its
     options (values parsed as JSON, else kept as text). ValueError naming an unknown credit or option."""
+    if "/" in spec or "\\" in spec or ".." in spec:  # the column names its run directories
+        raise ValueError(f"credit column {spec!r} must not contain '/', '\\' or '..'")
     name, _, opts = spec.strip().partition("@")
     options = {}
     for pair in filter(None, opts.split("&")):

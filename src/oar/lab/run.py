@@ -19,7 +19,9 @@ from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.train_run import RunDirCallback
 
 # how a lab run counts its training seconds (RunConfig.clock)
-CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
+# "cpu" is the training thread's own CPU time: the callbacks run on the thread that trains (torch at one thread),
+# and a progress thread or a queue feeder in the same process is not charged to the run
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class RunConfig:
     """RL recipe of one lab run (the tuned defaults; see docs/lab.md for what was tried).
 
     ``budget_s``: training seconds (evaluation excluded) after which the run stops; ``max_steps`` caps it too.
-    ``clock``: how training seconds are counted: ``"cpu"``, the run process's CPU time (one torch thread, so
+    ``clock``: how training seconds are counted: ``"cpu"``, the CPU time of the thread that trains (one torch thread, so
     equal to wall-clock time on an idle core, and unchanged when other jobs share the machine), or ``"wall"``.
     ``eval_problems`` held-out problems × ``eval_k`` samples at ``temperature`` give ``eval/accuracy``.
     ``max_completion_length`` (tokens) defaults to room for the task's longest worked solution.

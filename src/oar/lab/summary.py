@@ -116,7 +116,7 @@ def format_results_table(results: dict) -> str:
 
 def terminal_summary(results: dict):
     """The compact result for a terminal (a ``rich.table.Table``, fits 80 columns): per credit the final held-out
-    accuracy ± 95% CI, the difference to the reference at equal wall-clock (same training budget) and at equal
+    accuracy ± 95% CI, the difference to the reference at equal training seconds (same budget) and at equal
     updates (``matched_step``), and seconds per step. Points of accuracy; CIs are half-widths."""
     from rich.table import Table
 

@@ -106,7 +106,7 @@ def _load_results(runs: Sequence[Run]) -> list[tuple[Path, object]]:
 # the figures a reader wants first: (file name, metric, x axis, heading); None metric: the step-time breakdown
 KEY_FIGURES: tuple[tuple[str, str | None, str, str], ...] = (
     ("accuracy_vs_updates.png", "eval/accuracy", "step", "Held-out accuracy against updates"),
-    ("accuracy_vs_wall_clock.png", "eval/accuracy", "wall_time", "Held-out accuracy against wall-clock seconds"),
+    ("accuracy_vs_wall_clock.png", "eval/accuracy", "wall_time", "Held-out accuracy against training seconds"),
     ("step_time_breakdown.png", None, "step", "Step-time breakdown per credit"),
     ("weight_ess.png", "oar/ess_ratio", "step", "Weight ESS ratio (1 = uniform credit, as GRPO)"),
 )
