@@ -34,7 +34,9 @@ from oar.lab.stats import mean_ci
 from oar.lab.task import (
     ANSWER,
     FILLER,
+    FILLERS,
     PIVOTAL,
+    STEP_SEP,
     STRUCTURE,
     extract_int,
     first_wrong_step,
@@ -115,6 +117,40 @@ def teacher_forced(model, tok, problems) -> dict[str, dict[str, float]]:
     return {k: {"logp": s[0] / max(s[2], 1), "top1": s[1] / max(s[2], 1), "tokens": s[2]} for k, s in sums.items()}
 
 
+@torch.no_grad()
+def result_accuracy_after_filler(model, tok, problems, phrase: str) -> float:
+    """Teacher-forced: how often every digit of a step's result is the argmax, on the worked solutions with each
+    filler phrase replaced by ``phrase`` (does the filler the model writes change its arithmetic?)."""
+    model.eval()
+    hits = total = 0
+    for i in range(0, len(problems), 128):
+        batch = problems[i : i + 128]
+        comps = [STEP_SEP.join(phrase if part in FILLERS else part for part in p.completion.split(STEP_SEP))
+                 for p in batch]
+        enc = tok([p.prompt + c for p, c in zip(batch, comps, strict=True)], return_tensors="pt", padding=True)
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        pos = (mask.cumsum(1) - 1).clamp_min(0)
+        top = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.argmax(-1)
+        for r, c in enumerate(comps):
+            n = len(c)
+            right = (top[r, -n - 1 : -1] == ids[r, -n:]).tolist()
+            for m in _STEP.finditer(c):
+                hits += all(right[m.start(4) : m.end(4)])
+                total += 1
+    return hits / max(total, 1)
+
+
+def greedy_fillers(texts: list[str]) -> dict[str, float]:
+    """Share of each filler phrase among the filler phrases the completions write."""
+    counts = {f: 0 for f in FILLERS}
+    for t in texts:
+        for part in t.split(STEP_SEP):
+            if part in counts:
+                counts[part] += 1
+    n = max(sum(counts.values()), 1)
+    return {f: c / n for f, c in counts.items() if c}
+
+
 def analyse(model, tok, problems, max_len: int) -> dict:
     greedy = sample(model, tok, [p.prompt for p in problems], 0.0, max_len)
     cats: dict[str, int] = {}
@@ -122,7 +158,9 @@ def analyse(model, tok, problems, max_len: int) -> dict:
         c = greedy_failure(p.prompt, g, p.answer)
         cats[c] = cats.get(c, 0) + 1
     return {"greedy": {k: v / len(problems) for k, v in sorted(cats.items())},
-            "greedy_length": sum(map(len, greedy)) / len(greedy), "tokens": teacher_forced(model, tok, problems)}
+            "greedy_length": sum(map(len, greedy)) / len(greedy), "greedy_fillers": greedy_fillers(greedy),
+            "result_accuracy_after": {f: result_accuracy_after_filler(model, tok, problems, f) for f in FILLERS},
+            "tokens": teacher_forced(model, tok, problems)}
 
 
 def _train(args: tuple[RunConfig, str, str | None]) -> dict:
@@ -201,6 +239,17 @@ def markdown(result: dict, cats: list[str]) -> str:
                  for k in CREDITS]
         lines.append(f"| {kind} | {w['tokens']} | {w['logp']:.3f} / {100 * w['top1']:.1f} | " + " | ".join(cells)
                      + " |")
+    lines += ["", "Which filler phrase greedy decoding writes (share of its filler phrases, the top three per model), "
+              "and how often a step's result is right (teacher-forced argmax, every digit) when every filler phrase "
+              "of the worked solution is that phrase", "",
+              "| model | greedy fillers | result right after 'sure' / 'so far so good' / 'step done' / mean over "
+              "phrases |", "|---|---|---|"]
+    for name, m in result["per_model"].items():
+        top3 = sorted(m["greedy_fillers"].items(), key=lambda kv: -kv[1])[:3]
+        acc = m["result_accuracy_after"]
+        lines.append(f"| {name} | " + ", ".join(f"{f!r} {100 * v:.0f}%" for f, v in top3) + " | "
+                     + " / ".join(f"{100 * acc[f]:.1f}" for f in ("sure", "so far so good", "step done"))
+                     + f" / {100 * sum(acc.values()) / len(acc):.1f} |")
     return "\n".join(lines) + "\n"
 
 
