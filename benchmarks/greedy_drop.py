@@ -35,7 +35,9 @@ from oar.lab.task import (
     ANSWER,
     FILLER,
     FILLERS,
+    OP_RE,
     PIVOTAL,
+    STEP_RE,
     STEP_SEP,
     STRUCTURE,
     extract_int,
@@ -48,7 +50,6 @@ from oar.lab.warmstart import WarmStartConfig, warm_start
 CREDITS = ("grpo", "oar-g")
 # token kinds of a worked solution, finer than the task labels: pivotal digits split by their role in a±b=c
 KINDS = ("result", "copied", "operand", "structure", "filler", "answer")
-_STEP = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
 
 
 def token_kinds(completion: str, labels: tuple[int, ...]) -> list[str]:
@@ -56,7 +57,7 @@ def token_kinds(completion: str, labels: tuple[int, ...]) -> list[str]:
     (``b``) or ``result`` (``c``) of their step ``a±b=c``."""
     names = {STRUCTURE: "structure", FILLER: "filler", ANSWER: "answer", PIVOTAL: "pivotal"}
     kinds = [names.get(lab, "other") for lab in labels]
-    for m in _STEP.finditer(completion):
+    for m in STEP_RE.finditer(completion):
         for group, role in ((1, "copied"), (3, "operand"), (4, "result")):
             for i in range(m.start(group), m.end(group)):
                 kinds[i] = role
@@ -73,11 +74,11 @@ def greedy_failure(prompt: str, completion: str, answer: int) -> str:
     span = first_wrong_step(prompt, completion)
     if span is None:
         return "steps right, box wrong" if extract_int(completion) is not None else "no boxed answer"
-    m = _STEP.match(completion, span[0])
+    m = STEP_RE.match(completion, span[0])
     head = re.match(r"(\d+)", prompt)
-    ops = re.findall(r"([+-])(\d+)", prompt[head.end():])
-    steps_before = len(_STEP.findall(completion[: span[0]]))
-    prev = int(head.group(1)) if steps_before == 0 else int(_STEP.findall(completion[: span[0]])[-1][3])
+    ops = OP_RE.findall(prompt[head.end():])
+    steps_before = len(STEP_RE.findall(completion[: span[0]]))
+    prev = int(head.group(1)) if steps_before == 0 else int(STEP_RE.findall(completion[: span[0]])[-1][3])
     a, op, b = int(m.group(1)), m.group(2), str(int(m.group(3)))
     ops = [(o, str(int(n))) for o, n in ops]
     if steps_before >= len(ops):
@@ -90,6 +91,15 @@ def greedy_failure(prompt: str, completion: str, answer: int) -> str:
 
 
 @torch.no_grad()
+def _forward(model, tok, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``ids [B, L]`` of ``texts`` and the model's ``logits [B, L, V]`` on them."""
+    enc = tok(texts, return_tensors="pt", padding=True)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    return ids, model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+
+
+@torch.no_grad()
 def teacher_forced(model, tok, problems) -> dict[str, dict[str, float]]:
     """Per token kind: mean log-probability of the worked solution's token and the fraction where it is the
     argmax, the model fed the prompt and the right prefix."""
@@ -97,11 +107,8 @@ def teacher_forced(model, tok, problems) -> dict[str, dict[str, float]]:
     sums = {k: [0.0, 0.0, 0] for k in KINDS}
     for i in range(0, len(problems), 128):
         batch = problems[i : i + 128]
-        texts = [p.prompt + p.completion for p in batch]
-        enc = tok(texts, return_tensors="pt", padding=True)  # left padding
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        pos = (mask.cumsum(1) - 1).clamp_min(0)
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float(), -1)
+        ids, logits = _forward(model, tok, [p.prompt + p.completion for p in batch])
+        logp = torch.log_softmax(logits.float(), -1)
         for r, p in enumerate(batch):
             n = len(p.completion)
             tgt = ids[r, -n:]
@@ -127,14 +134,12 @@ def result_accuracy_after_filler(model, tok, problems, phrase: str) -> float:
         batch = problems[i : i + 128]
         comps = [STEP_SEP.join(phrase if part in FILLERS else part for part in p.completion.split(STEP_SEP))
                  for p in batch]
-        enc = tok([p.prompt + c for p, c in zip(batch, comps, strict=True)], return_tensors="pt", padding=True)
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        pos = (mask.cumsum(1) - 1).clamp_min(0)
-        top = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.argmax(-1)
+        ids, logits = _forward(model, tok, [p.prompt + c for p, c in zip(batch, comps, strict=True)])
+        top = logits.argmax(-1)
         for r, c in enumerate(comps):
             n = len(c)
             right = (top[r, -n - 1 : -1] == ids[r, -n:]).tolist()
-            for m in _STEP.finditer(c):
+            for m in STEP_RE.finditer(c):
                 hits += all(right[m.start(4) : m.end(4)])
                 total += 1
     return hits / max(total, 1)

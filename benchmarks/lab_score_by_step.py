@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import replace
 
 import torch
@@ -18,18 +17,16 @@ from oar.credit import CreditBatch, get_credit, token_credit
 from oar.files import atomic_write
 from oar.lab.fidelity import lab_batch
 from oar.lab.regimes import apply_regime
-from oar.lab.task import BOXED, PIVOTAL, make_split
+from oar.lab.task import BOXED, PIVOTAL, STEP_RE, make_split
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.probe import OutcomeProbe
-
-_STEP = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
 
 
 def steps_from_end(completion: str, width: int) -> torch.Tensor:
     """``[width]`` long: for each character of the completion the distance of its step from the answer (1 = the
     last step), 0 outside any step."""
     out = torch.zeros(width, dtype=torch.long)
-    spans = [m.span() for m in _STEP.finditer(completion)]
+    spans = [m.span() for m in STEP_RE.finditer(completion)]
     for k, (lo, hi) in enumerate(spans):
         out[lo:hi] = len(spans) - k
     return out

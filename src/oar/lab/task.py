@@ -181,8 +181,9 @@ def is_test_prompt(prompt: str) -> bool:
     return hashlib.md5(prompt.encode()).digest()[0] % 8 == 0
 
 
-_STEP = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
-_OP = re.compile(r"([+-])(\d+)")
+# one written step "a±b=c" (groups: a, sign, b, c) and one operation of a prompt ("±b")
+STEP_RE = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
+OP_RE = re.compile(r"([+-])(\d+)")
 
 
 def first_wrong_step(prompt: str, completion: str) -> tuple[int, int] | None:
@@ -196,8 +197,8 @@ def first_wrong_step(prompt: str, completion: str) -> tuple[int, int] | None:
     head = re.match(r"(\d+)", prompt)
     if head is None:
         return None
-    value, ops = int(head.group(1)), _OP.findall(prompt[head.end():])
-    for i, m in enumerate(_STEP.finditer(completion)):
+    value, ops = int(head.group(1)), OP_RE.findall(prompt[head.end():])
+    for i, m in enumerate(STEP_RE.finditer(completion)):
         a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
         expected_op = ops[i] if i < len(ops) else None
         right = (a == value and expected_op == (op, str(b)) and c == (a + b if op == "+" else a - b))
