@@ -32,13 +32,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_reshape.py
 
-# the verl plugin in its own environment (verl 0.9.1 pins transformers < 5.11 and hydra antlr 4.9)
+# the verl plugin's environment: verl 0.9.1 pins transformers < 5.11, so it is oar's environment (read through a .pth
+# file) with requirements-verl.txt layered on top by uv, without dependency resolution (~30 s)
 VERL_VENV ?= .venv-verl
-$(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt
-	python3 -m venv $(VERL_VENV)
-	$(VERL_VENV)/bin/pip install -q --upgrade pip
-	$(VERL_VENV)/bin/pip install -q -c constraints-verl.txt "torch==2.13.0"
-	$(VERL_VENV)/bin/pip install -q -c constraints-verl.txt -e ".[dev,verl]"
+$(VERL_VENV)/.installed: $(STAMP) requirements-verl.txt
+	rm -rf $(VERL_VENV)
+	$(PY) -m venv $(VERL_VENV)
+	$(PY) -c "import sysconfig; print('$(abspath src)'); print(sysconfig.get_paths()['purelib'])" > \
+		"$$($(VERL_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz_oar_main_venv.pth"
+	$(VENV)/bin/uv pip install -q --python $(VERL_VENV)/bin/python --no-deps -r requirements-verl.txt
 	touch $@
 
 test-verl: $(VERL_VENV)/.installed
