@@ -71,6 +71,18 @@ def test_matched_step_interpolates_a_shorter_run_against_the_reference(tmp_path)
     assert math.isnan(p["matched_diff"]["ci95"])  # one seed: no interval
 
 
+def test_final_accuracy_never_averages_in_the_start_evaluation(tmp_path):
+    """A run the budget stops before its second evaluation (OAR-P in the regime study: evaluations at steps 0
+    and 6) has the accuracy at its end as its final, not the mean with the warm start's."""
+    dirs = {("grpo", 0): _fake_run(tmp_path / "g0", [0.2, 0.3, 0.5], 1.0, 0.5),
+            ("oar-p", 0): _fake_run(tmp_path / "p0", [0.2, 0.4], 3.0, 0.5),
+            ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2], 1.5, 0.5)}  # no update made: final = start
+    res = summarize_comparison(dirs)["credits"]
+    assert res["oar-p"]["final_accuracy"]["mean"] == pytest.approx(0.4)
+    assert res["grpo"]["final_accuracy"]["mean"] == pytest.approx(0.4)  # mean of the evaluations at 10 and 20
+    assert res["oar-g"]["final_accuracy"]["mean"] == pytest.approx(0.2)
+
+
 def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
     with pytest.raises(ValueError, match="'ppo'"):
         compare(tmp_path, credits=("grpo", "ppo"))

@@ -18,7 +18,8 @@ def _mean_key(rows: list[dict], key: str) -> float:
 def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str = "grpo") -> dict:
     """Aggregate run directories into the results object (per credit, over seeds).
 
-    Per run: start/final held-out ``eval/accuracy`` (sampled avg@k; final = mean of the last two evaluations),
+    Per run: start/final held-out ``eval/accuracy`` (sampled avg@k; final = mean of the last two evaluations
+    after step 0: the start evaluation never enters it, so a run with one evaluation after it takes that one),
     greedy accuracy, steps, training seconds, mean ``step_time``, importance share, mean grad norm, clipped
     fraction, weight ESS ratio and the final entropy; ``steps_to_ref``/``seconds_to_ref``: first evaluation after
     step 0 reaching the ``reference`` credit's mean final accuracy (None if never).
@@ -31,7 +32,8 @@ def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str =
     for (credit, seed), rows in runs.items():
         evals = [r for r in rows if "eval/accuracy" in r]
         train = [r for r in rows if "step_time" in r]
-        final = sum(r["eval/accuracy"] for r in evals[-2:]) / len(evals[-2:])
+        last = [r for r in evals[1:] if r["step"] > 0][-2:] or evals[:1]
+        final = sum(r["eval/accuracy"] for r in last) / len(last)
         per_run[(credit, seed)] = {
             "credit": credit, "seed": seed, "start_accuracy": evals[0]["eval/accuracy"], "final_accuracy": final,
             "start_greedy": evals[0]["eval/greedy_accuracy"], "final_greedy": evals[-1]["eval/greedy_accuracy"],
