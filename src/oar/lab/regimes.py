@@ -2,7 +2,7 @@
 
 Each regime is a set of :class:`oar.lab.task.TaskConfig` overrides applied to the warm start's task (the RL
 problems use the same task without slips). ``default`` and ``terse`` are the control regimes of the first
-study; ``long``, ``distract`` and ``verbose`` are declared for the regime study and not yet tuned.
+study; ``long``, ``distract`` and ``verbose`` are the regime study's (docs/lab.md: protocol, tuning log, results).
 """
 
 from __future__ import annotations
