@@ -47,8 +47,9 @@ test-verl: $(VERL_VENV)/.installed
 	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_verl_plugin.py tests/test_verl_core.py
 
 # on a machine with one CUDA GPU: a short GSM8K-style GRPO run of verl with OAR-G (untested here: no GPU)
-gpu-verl: $(VERL_VENV)/.installed
-	PATH=$(abspath $(VERL_VENV))/bin:$$PATH bash benchmarks/gpu_verl.sh
+# (with `python` from an environment with verl and vLLM: see the script's header)
+gpu-verl:
+	bash benchmarks/gpu_verl.sh
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache

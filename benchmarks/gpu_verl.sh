@@ -2,8 +2,9 @@
 # verl + OAR-G on ONE CUDA GPU: 3 GRPO steps of a small model, FSDP2 actor, the oar_sync trainer (make gpu-verl).
 # PREPARED, NOT RUN: this repository has had no GPU. Target: under 8 minutes on one H100-class GPU.
 #
-# Needs, on the GPU machine: the verl environment (make test-verl builds .venv-verl) plus a rollout engine
-# (pip install "verl[vllm]==0.9.1" or "verl[sglang]==0.9.1" with a CUDA torch), and, offline:
+# Needs, on the GPU machine, `python` on PATH from an environment of its own with verl and a rollout engine:
+#   python3 -m venv .venv-gpu-verl && .venv-gpu-verl/bin/pip install -e ".[verl]" "verl[vllm]==0.9.1"
+# (vLLM brings its own CUDA torch; the CPU test layer that make test-verl builds has no rollout engine), and, offline:
 #   MODEL_PATH  a local HF model directory, e.g. Qwen2.5-0.5B-Instruct
 #   TRAIN_FILE / VAL_FILE  parquet files from verl's examples/data_preprocess/gsm8k.py (or math_dataset.py)
 # What it checks (exit code != 0 otherwise): verl logs the plugin registration, the run finishes 3 steps,

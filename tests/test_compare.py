@@ -76,11 +76,15 @@ def test_final_accuracy_never_averages_in_the_start_evaluation(tmp_path):
     and 6) has the accuracy at its end as its final, not the mean with the warm start's."""
     dirs = {("grpo", 0): _fake_run(tmp_path / "g0", [0.2, 0.3, 0.5], 1.0, 0.5),
             ("oar-p", 0): _fake_run(tmp_path / "p0", [0.2, 0.4], 3.0, 0.5),
-            ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2], 1.5, 0.5)}  # no update made: final = start
+            ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2], 1.5, 0.5),  # no update made: final = start
+            ("random", 0): _fake_run(tmp_path / "r0", [0.2, 0.3, 0.5], 1.0, 0.5)}
     res = summarize_comparison(dirs)["credits"]
     assert res["oar-p"]["final_accuracy"]["mean"] == pytest.approx(0.4)
     assert res["grpo"]["final_accuracy"]["mean"] == pytest.approx(0.4)  # mean of the evaluations at 10 and 20
     assert res["oar-g"]["final_accuracy"]["mean"] == pytest.approx(0.2)
+    rows = [json.loads(x) for x in (dirs[("random", 0)] / "metrics.jsonl").read_text().splitlines()]
+    (dirs[("random", 0)] / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows[1:]))  # no step-0 eval
+    assert summarize_comparison(dirs)["credits"]["random"]["final_accuracy"]["mean"] == pytest.approx(0.4)
 
 
 def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):

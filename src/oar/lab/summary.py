@@ -32,7 +32,7 @@ def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str =
     for (credit, seed), rows in runs.items():
         evals = [r for r in rows if "eval/accuracy" in r]
         train = [r for r in rows if "step_time" in r]
-        last = [r for r in evals[1:] if r["step"] > 0][-2:] or evals[:1]
+        last = [r for r in evals if r["step"] > 0][-2:] or evals[:1]
         final = sum(r["eval/accuracy"] for r in last) / len(last)
         per_run[(credit, seed)] = {
             "credit": credit, "seed": seed, "start_accuracy": evals[0]["eval/accuracy"], "final_accuracy": final,
