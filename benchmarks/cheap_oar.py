@@ -9,7 +9,8 @@ process CPU seconds (one torch thread: the CPU seconds hold up on a shared machi
 
 ``--part steps``: median step time of the lab trainer (``oar.lab.run.train_lab``, the lab's RL recipe) per variant
 over a few steps (first dropped), wall and process CPU seconds of ``training_step`` (generation, scoring, loss
-forward/backward), next to GRPO's, with the scoring share.
+forward/backward) and its breakdown (generation, scoring, rest of the rollout, loss forward, backward), next to
+GRPO's, with gradient checkpointing off (the lab preset) and, for GRPO and OAR-G, on (TRL's default).
 
     OMP_NUM_THREADS=1 python benchmarks/cheap_oar.py --part ranking [--problems 128] [--out FILE]
     OMP_NUM_THREADS=1 python benchmarks/cheap_oar.py --part steps [--steps 6] [--out FILE]
@@ -42,8 +43,15 @@ VARIANTS: list[tuple[str, str, dict]] = [
     ("oar-g answer_mean", "oar-g", {}),
     ("oar-g answer_joint σ=0", "oar-g", {"mode": "answer_joint", "noise_std": 0.0}),
 ]
-STEP_VARIANTS = ["grpo", "oar-g answer_mean", "oar-g answer_joint σ=0", "oar-p exact", "oar-pg k=0.1",
-                 "oar-pg k=0.25", "oar-p span=2"]
+# (label, gradient checkpointing): TRL's default (on) is the "before" of issue #12, the lab preset (off) the "after"
+STEP_VARIANTS: list[tuple[str, bool]] = [
+    ("grpo", True), ("oar-g answer_mean", True),
+    ("grpo", False), ("oar-g answer_mean", False), ("oar-g answer_joint σ=0", False), ("oar-p exact", False),
+    ("oar-pg k=0.1", False), ("oar-pg k=0.25", False), ("oar-p span=2", False),
+]
+# the parts of a step, each the process CPU seconds of one trainer method (one torch thread)
+PARTS = {"step": "training_step", "prepare": "_prepare_inputs", "generation": "_generate",
+         "scoring": "_token_credit", "loss_forward": "compute_loss"}
 
 
 def ranking(n_problems: int, batch_size: int) -> dict:
@@ -114,36 +122,50 @@ def _cpu_timed(cls: type, name: str, sink: list[float]) -> None:
 
 
 def steps(n_steps: int) -> dict:
+    """Median CPU seconds per step and its breakdown: generation (``_generate``), scoring (``_token_credit``),
+    the rest of the rollout (rewards, old log-probs: ``_prepare_inputs`` minus both), the loss forward
+    (``compute_loss``) and the backward (``training_step`` minus ``_prepare_inputs`` and ``compute_loss``)."""
     from oar.files import iter_jsonl
     from oar.lab.run import RunConfig, train_lab
     from oar.trainer import OARGRPOTrainer
 
-    step_cpu: list[float] = []
-    score_cpu: list[float] = []
-    _cpu_timed(OARGRPOTrainer, "training_step", step_cpu)  # generation + scoring + loss forward/backward
-    _cpu_timed(OARGRPOTrainer, "_token_credit", score_cpu)
+    cpu: dict[str, list[float]] = {part: [] for part in PARTS}
+    for part, method in PARTS.items():
+        _cpu_timed(OARGRPOTrainer, method, cpu[part])
     variants = {"grpo": ("grpo", {}), **{v[0]: (v[1], v[2]) for v in VARIANTS}}
     out = {}
-    for label in STEP_VARIANTS:
+    for label, checkpointing in STEP_VARIANTS:
         credit, options = variants[label]
         cfg = RunConfig(credit=credit, max_steps=n_steps, budget_s=1e9, eval_every=10_000, eval_problems=8,
-                        eval_k=1, oar={"credit_options": options} if options else {})
-        step_cpu.clear()
-        score_cpu.clear()
+                        eval_k=1, gradient_checkpointing=checkpointing,
+                        oar={"credit_options": options} if options else {})
+        for sink in cpu.values():
+            sink.clear()
         with tempfile.TemporaryDirectory() as tmp:
             train_lab(cfg, tmp)
             rows = [r for _, r in iter_jsonl(f"{tmp}/metrics.jsonl") if "step_time" in r][1:]
-        out[label] = {"step_time": statistics.median(r["step_time"] for r in rows),
-                      "importance_time": statistics.median(r.get("oar/importance_time", 0.0) for r in rows),
-                      "cpu_step": statistics.median(step_cpu[1:]),
-                      "cpu_scoring": statistics.median(score_cpu[1:]) if len(score_cpu) > 1 else 0.0}
-        print(label, out[label], flush=True)
-    ref, cpu_ref = out["grpo"]["step_time"], out["grpo"]["cpu_step"]
+        per_step = {part: (sink + [0.0] * n_steps)[1:n_steps] for part, sink in cpu.items()}  # first step dropped
+        parts = {
+            "generation": per_step["generation"],
+            "scoring": per_step["scoring"],
+            "rollout_rest": [p - g - s for p, g, s in
+                             zip(per_step["prepare"], per_step["generation"], per_step["scoring"], strict=True)],
+            "loss_forward": per_step["loss_forward"],
+            "backward": [t - p - f for t, p, f in
+                         zip(per_step["step"], per_step["prepare"], per_step["loss_forward"], strict=True)],
+        }
+        key = f"{label} | checkpointing {'on' if checkpointing else 'off'}"
+        out[key] = {"step_time": statistics.median(r["step_time"] for r in rows),
+                    "cpu_step": statistics.median(per_step["step"]),
+                    **{f"cpu_{k}": round(statistics.median(v), 4) for k, v in parts.items()}}
+        print(key, out[key], flush=True)
+    ref = out["grpo | checkpointing off"]
     for r in out.values():
-        r["x_grpo"] = round(r["step_time"] / ref, 2)
-        r["cpu_x_grpo"] = round(r["cpu_step"] / cpu_ref, 2)
+        r["x_grpo"] = round(r["step_time"] / ref["step_time"], 2)
+        r["cpu_x_grpo"] = round(r["cpu_step"] / ref["cpu_step"], 2)
         r["cpu_scoring_share"] = round(r["cpu_scoring"] / r["cpu_step"], 3)
-    return {"steps_timed": n_steps - 1, "statistic": "median", "results": out}
+    return {"steps_timed": n_steps - 1, "statistic": "median", "reference": "grpo | checkpointing off",
+            "results": out}
 
 
 def main() -> None:

@@ -43,11 +43,14 @@ def setup(char_tokenizer):
     return sharpen(make_tiny_lm(len(char_tokenizer), "llama", seed=2)), probe_batch(char_tokenizer)
 
 
-def test_answer_joint_without_noise_is_deterministic_and_matches_per_row(setup):
+# prefix_cache_min: 1 runs the prompt columns through the cached no-grad pass, 10**6 never does
+@pytest.mark.parametrize("prefix_cache_min", [1, 10**6])
+def test_answer_joint_without_noise_is_deterministic_and_matches_per_row(setup, prefix_cache_min):
     model, pb = setup
-    a = gradient_scores(model, *inputs(pb), mode="answer_joint", noise_std=0)
-    b = gradient_scores(model, *inputs(pb), mode="answer_joint", noise_std=0, batch_size=1)
-    assert torch.equal(a, gradient_scores(model, *inputs(pb), mode="answer_joint", noise_std=0))
+    kw = {"mode": "answer_joint", "noise_std": 0, "prefix_cache_min": prefix_cache_min}
+    a = gradient_scores(model, *inputs(pb), **kw)
+    b = gradient_scores(model, *inputs(pb), batch_size=1, **kw)
+    assert torch.equal(a, gradient_scores(model, *inputs(pb), **kw))
     ref = torch.stack([reference_row(model, pb, i, "answer_joint") for i in range(pb.input_ids.shape[0])])
     assert ref[pb.reasoning_mask].median() > 1e-3
     torch.testing.assert_close(a, ref, rtol=1e-3, atol=1e-6)
@@ -55,14 +58,15 @@ def test_answer_joint_without_noise_is_deterministic_and_matches_per_row(setup):
     assert (a[~pb.reasoning_mask] == 0).all()
 
 
+@pytest.mark.parametrize("prefix_cache_min", [1, 10**6])
 @pytest.mark.parametrize("mode", ["last", "answer_mean"])
-def test_kl_modes_match_per_row_reference_with_the_same_noise(setup, mode):
+def test_kl_modes_match_per_row_reference_with_the_same_noise(setup, mode, prefix_cache_min):
     model, pb = setup
     B, L = pb.input_ids.shape
     hidden = model.get_input_embeddings().embedding_dim
     noise = torch.randn(B, L, hidden, generator=torch.Generator().manual_seed(7)) * 1e-2
     got = gradient_scores(model, *inputs(pb), mode=mode, noise_std=1e-2,
-                          generator=torch.Generator().manual_seed(7), batch_size=2)
+                          generator=torch.Generator().manual_seed(7), batch_size=2, prefix_cache_min=prefix_cache_min)
     ref = torch.stack([reference_row(model, pb, i, mode, noise) for i in range(B)])
     assert ref[pb.reasoning_mask].abs().median() > 0
     torch.testing.assert_close(got, ref, rtol=2e-3, atol=1e-9)
@@ -140,3 +144,18 @@ def test_input_validation(setup):
     ids, am, rm, ans = inputs(pb)
     empty = gradient_scores(model, ids, am, torch.zeros_like(rm), ans)
     assert empty.shape == ids.shape and (empty == 0).all()
+
+
+def test_prefix_cache_covers_the_columns_before_every_rows_reasoning(setup):
+    """The cached pass runs exactly the columns before the earliest reasoning token of the batch, once."""
+    model, pb = setup
+    cut = int(torch.where(pb.reasoning_mask, torch.arange(pb.input_ids.shape[1]), 10**6).amin())
+    assert cut >= 1  # the fixture's probes share a prompt prefix
+    widths = []
+    handle = model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]),
+                                             with_kwargs=True)
+    try:
+        gradient_scores(model, *inputs(pb), mode="answer_joint", noise_std=0, prefix_cache_min=1)
+    finally:
+        handle.remove()
+    assert widths[0] == cut and len(widths) == 2

@@ -3,6 +3,8 @@
 ``J = KL(P_0 || P_final(e + δ))`` (modes ``last`` / ``answer_mean``, δ ~ N(0, σ²) on the reasoning
 rows; the KL has zero gradient at δ = 0) or ``J = φ_0 - φ(e + δ)`` (``answer_joint``; σ = 0 allowed,
 and φ_0 is a constant so no clean forward is needed). ``I_t = |Σ_h (∂J/∂e_t)_h e_{t,h}|``.
+The columns before every row's first reasoning token (the prompt), when long enough, run once without autograd
+into a key/value cache that both passes read; the passes stop after the last position the outcome reads.
 The embeddings ``e`` are taken from the embedding layer's output inside the model's forward (a hook), never by
 calling the layer directly, so the scorer also runs on a model whose weights are sharded (FSDP2).
 
@@ -12,12 +14,17 @@ keep their ``requires_grad``, dropout is off while scoring and every module's mo
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
 from oar.importance._common import check_inputs, divergence, outcome, readout_positions, scoring_mode
+
+# Shortest shared prefix (tokens) worth a cached no-grad pass: the break-even measured on one CPU thread (hidden
+# 256 × 4 layers, completion 256, batch 8): 48-token prefix ±0 %, 128 tokens −21 %, 16 tokens +7–15 %
+PREFIX_CACHE_MIN = 48
 
 
 def gradient_scores(
@@ -30,6 +37,7 @@ def gradient_scores(
     noise_std: float = 1e-3,
     generator: torch.Generator | None = None,
     batch_size: int | None = None,
+    prefix_cache_min: int = PREFIX_CACHE_MIN,
 ) -> torch.Tensor:
     """OAR-G importance of every reasoning token.
 
@@ -42,6 +50,8 @@ def gradient_scores(
         generator: a ``torch.Generator`` for reproducible noise (the noise of the whole batch is drawn
             at once, so results do not depend on ``batch_size``).
         batch_size: rows per forward/backward (default: the whole batch).
+        prefix_cache_min: the columns before every row's first reasoning token run once without autograd into a
+            key/value cache when there are at least this many (same scores; see :data:`PREFIX_CACHE_MIN`).
 
     Returns:
         ``[B, L]`` float32 scores, 0 outside the reasoning and on rows without reasoning or answer.
@@ -53,6 +63,7 @@ def gradient_scores(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     B, L = input_ids.shape
     device = input_ids.device
+    pos = torch.arange(L, device=device).expand(B, L)
     rows = (reasoning_mask.any(dim=1) & answer_mask.any(dim=1)).nonzero().squeeze(1)
     step = batch_size or max(rows.numel(), 1)
     embed = model.get_input_embeddings()
@@ -70,20 +81,33 @@ def gradient_scores(
             reasoning = reasoning_mask[idx].clone()
             position_ids = (am.long().cumsum(dim=1) - 1).clamp_min(0)
             keep, sel, targets = readout_positions(ids, answer_mask[idx].clone(), mode)
+            # columns [0, cut) precede every row's reasoning: their keys/values are computed once, without autograd;
+            # the passes run only columns [cut, end), end = after the last position the outcome reads
+            cut = int(torch.where(reasoning, pos[: idx.numel()], L).amin())
+            cut = cut if cut >= max(prefix_cache_min, 1) else 0
+            end = int(keep[-1]) + 1
+            cols = slice(cut, end)
+            prefix = None
+            if cut > 0:
+                with torch.no_grad():
+                    prefix = model(input_ids=ids[:, :cut], attention_mask=am[:, :cut],
+                                   position_ids=position_ids[:, :cut], use_cache=True,
+                                   logits_to_keep=1).past_key_values
             with torch.no_grad():
                 if mode != "answer_joint":
-                    logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids,
-                                   logits_to_keep=keep).logits
+                    logits = model(input_ids=ids[:, cols], attention_mask=am[:, :end],
+                                   position_ids=position_ids[:, cols], past_key_values=copy.deepcopy(prefix),
+                                   use_cache=prefix is not None, logits_to_keep=keep - cut).logits
                     reference = outcome(logits, sel, targets, mode)
-            delta = None if noise is None else noise[idx] * reasoning[..., None]
+            delta = None if noise is None else (noise[idx] * reasoning[..., None])[:, cols]
             with torch.enable_grad(), _embedding_leaf(embed, delta) as leaf:
-                logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids,
-                               logits_to_keep=keep).logits
+                logits = model(input_ids=ids[:, cols], attention_mask=am[:, :end], position_ids=position_ids[:, cols],
+                               past_key_values=prefix, use_cache=prefix is not None, logits_to_keep=keep - cut).logits
                 new = outcome(logits, sel, targets, mode)
                 objective = -new if mode == "answer_joint" else divergence(reference, new, mode)
-                (grad,) = torch.autograd.grad(objective.sum(), leaf[0])
-            e = leaf[0].detach()
-            scores[idx] = (grad.float() * e.float()).sum(dim=-1).abs() * reasoning
+                (grad,) = torch.autograd.grad(objective.sum(), leaf[-1])
+            e = leaf[-1].detach()
+            scores[idx, cols] = (grad.float() * e.float()).sum(dim=-1).abs() * reasoning[:, cols]
     return scores
 
 
