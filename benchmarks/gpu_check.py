@@ -8,7 +8,8 @@ SDPA attention, prompt 256 / completion 2,048 tokens, G = 8 completions of one p
    (ragged rows, padded) against one row at a time; both against a float32 copy of the same weights. A fast
    path passes when its error to float32 is at most ``2 x`` the naive path's (bf16's own noise) ``+ 1e-6``;
 2. the scorers alone on the G probes: OAR-G, G-guided OAR-P (``oar-pg``, default ``k``) and exact OAR-P
-   (on ``--exact-rows`` rows, extrapolated linearly to G: rows are scored one at a time), time and peak memory;
+   (on ``--exact-rows`` rows, extrapolated linearly to G: its cost is linear in the perturbed copies), time and
+   peak memory;
 3. one step of ``OARGRPOTrainer`` (TRL's generation, no vLLM; TRL's default gradient checkpointing) per credit:
    ``grpo``, ``oar-g``, ``oar-pg``, ``oar-p``: step time, the scoring share, peak memory. A step whose projected
    time would pass ``--deadline-s`` is skipped (and says so), so the script ends in time.

@@ -4,18 +4,16 @@ For every reasoning position t of a probe, replace token t by ``replace_id`` and
 outcome moves: ``KL(P_final || P_final')`` (modes ``last`` / ``answer_mean``) or ``φ - φ'``
 (``answer_joint``). The fast path gives the same numbers as one full forward per copy while
 
-- running many perturbed copies per forward (``chunk_size`` copies),
-- reusing the key/value cache of the clean prefix: a chunk of copies sorted by position re-runs only
-  from its earliest perturbed position (everything before it is unchanged, so the cache is exact),
+- running the perturbed copies of all rows together, ``chunk_size`` copies per forward, sorted by suffix length,
+- reusing the key/value cache of the clean pass: a copy re-runs only its row's suffix from (about) its perturbed
+  position on top of its row's clean keys/values before it (everything before is unchanged, so this is exact),
 - computing the LM head only at the answer-predicting positions (never ``[copies, L, V]``),
 - stopping each forward at the last position the outcome reads (the closing ``}`` is never run).
 
-Peak memory is bounded by ``chunk_size`` copies of one probe, not by the reasoning length.
+Peak memory: the clean cache of the call's rows plus ``chunk_size`` copies of one suffix, not the reasoning length.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 
@@ -41,54 +39,84 @@ def _segments(reasoning_mask: torch.Tensor, span: int | torch.Tensor | None) -> 
     return torch.where(reasoning_mask, seg, -1)
 
 
-def _row_scores(
+def _layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(keys, values)`` ``[N, heads, S, head_dim]`` per layer of a transformers cache."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _batch_scores(
     model: torch.nn.Module,
-    ids: torch.Tensor,
-    seg: torch.Tensor,
-    answer: torch.Tensor,
+    seqs: list[torch.Tensor],
+    segs: list[torch.Tensor],
+    answers: list[torch.Tensor],
     mode: str,
     replace_id: int,
     chunk_size: int,
-) -> torch.Tensor:
-    """Scores ``[n]`` of one unpadded probe ``ids [n]`` with window ids ``seg [n]``, answer mask ``[n]``."""
-    n = ids.shape[0]
-    pos = torch.arange(n, device=ids.device)
-    q = pos[answer] - 1  # positions predicting the answer tokens
-    if mode == "last":
-        q = q[:1]
-    end = int(q[-1]) + 1  # the forward stops after the last position the outcome reads
-    k = end - int(q[0])
-    sel = torch.zeros(k, dtype=torch.bool, device=ids.device)
-    sel[q - q[0]] = True
-    targets = torch.zeros(k, dtype=torch.long, device=ids.device)
-    targets[q - q[0]] = ids[q + 1]
-    clean = outcome(model(ids[None, :end], logits_to_keep=k).logits, sel[None], targets[None], mode)
+) -> list[torch.Tensor]:
+    """Scores ``[n_b]`` of unpadded probes ``seqs[b] [n_b]`` with window ids ``segs[b]`` and answer masks.
 
+    Every sequence is cut after the last position its outcome reads and right-aligned at column ``E``, so each
+    row's readout sits in the last ``K`` columns. One clean pass over all rows gives the clean outcome and the
+    key/value cache. The perturbed copies of all rows are then sorted by suffix length and run ``chunk_size`` at a
+    time: a copy re-runs its row's last ``S`` tokens (``S`` the longest suffix of its chunk, at least ``K``)
+    on top of its row's clean cache before them, gathered from the clean pass."""
+    device = seqs[0].device
+    R = len(seqs)
+    reads = []  # per row: (end, positions predicting the answer)
+    for ans in answers:
+        q = ans.nonzero().squeeze(1) - 1
+        q = q[:1] if mode == "last" else q
+        reads.append((int(q[-1]) + 1, q))
+    end = torch.tensor([e for e, _ in reads], device=device)
+    E, K = int(end.max()), max(e - int(q[0]) for e, q in reads)
+    col = torch.arange(E, device=device)
+    offset = E - end  # row position p sits at column offset + p
+    pos = col[None, :] - offset[:, None]  # [R, E] row position of each column (< 0: padding)
+    x = torch.full((R, E), replace_id, dtype=torch.long, device=device)
+    seg = torch.full((R, E), -1, dtype=torch.long, device=device)
+    nxt = torch.zeros(R, E, dtype=torch.long, device=device)  # the token each column predicts
+    predicting = torch.zeros(R, E, dtype=torch.bool, device=device)
+    for b, (seq, sg, (e, q)) in enumerate(zip(seqs, segs, reads, strict=True)):
+        x[b, E - e :], seg[b, E - e :], nxt[b, E - e :] = seq[:e], sg[:e], seq[1 : e + 1]
+        predicting[b, q + E - e] = True
+    real = pos >= 0
+    targets = nxt[:, E - K :]
+    sel = predicting[:, E - K :]
+    out = model(x, attention_mask=real.long(), position_ids=pos.clamp_min(0), use_cache=True, logits_to_keep=K)
+    clean, kv = outcome(out.logits, sel, targets, mode), _layers(out.past_key_values)
+
+    # one copy per (row, window): its row, window id and first replaced position, by suffix length
     in_window = seg >= 0
-    windows, inverse = torch.unique(seg[in_window], return_inverse=True)
-    first = torch.full_like(windows, n).scatter_reduce(0, inverse, pos[in_window], reduce="amin")
-    order = torch.argsort(first)
-    windows, first = windows[order], first[order]
+    stride = int(seg.max()) + 1
+    key = torch.where(in_window, seg + torch.arange(R, device=device)[:, None] * stride, -1)  # unique per window
+    windows, inverse = torch.unique(key[in_window], return_inverse=True)
+    first = torch.full_like(windows, E).scatter_reduce(0, inverse, col.expand(R, E)[in_window], reduce="amin")
+    row = torch.div(windows, stride, rounding_mode="floor")
+    suffix = E - first
+    order = torch.argsort(suffix, stable=True)
+    row, first, windows, suffix = row[order], first[order], windows[order], suffix[order]
 
-    scores = torch.zeros(n, dtype=torch.float32, device=ids.device)
-    prefix, cached = None, 0  # clean key/value cache of ids[:cached], batch 1
+    scores = torch.zeros(R, E, dtype=torch.float32, device=device)
     for c0 in range(0, windows.shape[0], chunk_size):
-        chunk = windows[c0 : c0 + chunk_size]
-        lo = int(first[c0])
-        if lo > cached:
-            prefix = model(ids[None, cached:lo], past_key_values=prefix, use_cache=True, logits_to_keep=1)
-            prefix, cached = prefix.past_key_values, lo
-        hit = seg[None, lo:end] == chunk[:, None]  # [C, S]: the positions each copy replaces
-        x = ids[lo:end].expand_as(hit).masked_fill(hit, replace_id)
+        r, w = row[c0 : c0 + chunk_size], windows[c0 : c0 + chunk_size]
+        S = max(int(suffix[c0 : c0 + chunk_size].max()), K)
+        P = E - S  # cached columns: the row's clean keys/values before its last S tokens
+        hit = key[r, P:] == w[:, None]  # [C, S] the positions each copy replaces
+        ids = x[r, P:].masked_fill(hit, replace_id)
+        mask = real[r]
         past = None
-        if prefix is not None:
-            past = copy.deepcopy(prefix)
-            past.batch_repeat_interleave(chunk.shape[0])
-        logits = model(x, past_key_values=past, use_cache=True, logits_to_keep=k).logits
-        new = outcome(logits, sel.expand(hit.shape[0], -1), targets.expand(hit.shape[0], -1), mode)
-        d = divergence(clean.expand(hit.shape[0], *clean.shape[1:]), new, mode)
-        scores[lo:end] += (hit.to(d.dtype) * d[:, None]).sum(dim=0)
-    return scores
+        if P > 0:
+            from transformers import DynamicCache
+
+            past = DynamicCache()
+            for layer, (k, v) in enumerate(kv):
+                past.update(k[r, :, :P], v[r, :, :P], layer)
+        logits = model(ids, attention_mask=mask.long(), position_ids=pos[r, P:].clamp_min(0), past_key_values=past,
+                       use_cache=past is not None, logits_to_keep=K).logits
+        d = divergence(clean[r], outcome(logits, sel[r], targets[r], mode), mode)
+        scores.index_put_((r[:, None].expand_as(hit), torch.arange(P, E, device=device).expand_as(hit)),
+                          hit.to(d.dtype) * d[:, None], accumulate=True)
+    return [scores[b, E - e :] for b, (e, _) in enumerate(reads)]
 
 
 def perturbation_scores(
@@ -124,14 +152,16 @@ def perturbation_scores(
     replace_id = resolve_replace_id(model, replace_id)
     segments = _segments(reasoning_mask, span)
     scores = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    rows = (reasoning_mask.any(dim=1) & answer_mask.any(dim=1)).nonzero().squeeze(1).tolist()
+    keep = [attention_mask[b].bool() for b in rows]
     with torch.no_grad(), scoring_mode(model):
-        for b in range(input_ids.shape[0]):
-            keep = attention_mask[b].bool()
-            if not (reasoning_mask[b].any() and answer_mask[b].any()):
-                continue
-            row = _row_scores(model, input_ids[b][keep], segments[b][keep], answer_mask[b][keep], mode,
-                              replace_id, chunk_size)
-            scores[b, keep] = row
+        if rows:
+            row_scores = _batch_scores(model, [input_ids[b][m] for b, m in zip(rows, keep, strict=True)],
+                                       [segments[b][m] for b, m in zip(rows, keep, strict=True)],
+                                       [answer_mask[b][m] for b, m in zip(rows, keep, strict=True)],
+                                       mode, replace_id, chunk_size)
+            for b, m, row in zip(rows, keep, row_scores, strict=True):
+                scores[b, m.nonzero().squeeze(1)[: row.shape[0]]] = row
     return scores
 
 
