@@ -12,6 +12,7 @@ import torch
 from oar.credit import CreditBatch, token_credit
 from oar.integrations.verl.core import METRIC_KEYS, OARVerlConfig, active_rows, fold_credit, score_shard
 from oar.probe import OutcomeProbe
+from test_importance_perturbation import sharpen
 
 
 def test_importing_oar_and_the_plugin_core_does_not_import_verl():
@@ -62,7 +63,12 @@ TEXTS = ["3+4 is 7, \\boxed{7}", "3 plus 4 gives 8, \\boxed{8}", "so 7, \\boxed{
 
 
 def test_score_then_fold_equals_token_credit_on_the_whole_batch(char_tokenizer, tiny_qwen2):
-    """Scored in two shards, folded once: the same token advantages as oar's token_credit on the whole batch."""
+    """Scored in two shards, folded once: the same token advantages as oar's token_credit on the whole batch.
+
+    OAR-P batches the copies of the rows it is given, so shards and whole batch agree to float rounding; the model is
+    sharpened so that rounding is far below the scores (the min-max step of Bi-Level would magnify it on the ~1e-5
+    scores of a random model)."""
+    tiny_qwen2 = sharpen(tiny_qwen2)
     cfg = OARVerlConfig(credit="oar-p", batch_size=2)
     prompt_ids, prompt_mask, response_ids, response_mask = _rollout(char_tokenizer, TEXTS)
     adv_seq = torch.tensor([0.8, -1.2, 0.4, 0.0])
@@ -77,7 +83,7 @@ def test_score_then_fold_equals_token_credit_on_the_whole_batch(char_tokenizer, 
     want = token_credit("oar-p", CreditBatch(prompt_ids, prompt_mask, response_ids, response_mask, adv_seq,
                                              model=tiny_qwen2), active=active, probe=probe, batch_size=2)
     assert want.mask.any(), "the probe found no reasoning: the test would compare nothing"
-    torch.testing.assert_close(folded, want.advantages(adv_seq) * response_mask, rtol=0, atol=1e-6)
+    torch.testing.assert_close(folded, want.advantages(adv_seq) * response_mask, rtol=1e-3, atol=1e-5)
     # Bi-Level keeps each completion's advantage mass over its response
     torch.testing.assert_close(folded.sum(dim=1), grpo.sum(dim=1), rtol=1e-5, atol=1e-5)
     assert tuple(metrics) == METRIC_KEYS and metrics["oar/frac_scored"] == 0.75
