@@ -159,3 +159,32 @@ def test_prefix_cache_covers_the_columns_before_every_rows_reasoning(setup):
     finally:
         handle.remove()
     assert widths[0] == cut and len(widths) == 2
+
+
+@pytest.mark.parametrize("mode", ["answer_mean", "answer_joint"])
+def test_long_prompts_take_the_cached_prefix_by_default_with_the_same_scores(char_tokenizer, mode):
+    """Prompts of >= 48 tokens (the default threshold) on a sliding-window model (Mistral, window 40): the cached
+    prompt gives the scores of the plain passes."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=len(char_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=40, pad_token_id=0,
+                        max_position_embeddings=256)
+    model = sharpen(MistralForCausalLM(cfg).float().eval())
+    pb = probe_batch(char_tokenizer, prompts=["What is 3+4? " * 8, "Compute 12*3, show work " * 4, "Q " * 30])
+    cut = int(torch.where(pb.reasoning_mask, torch.arange(pb.input_ids.shape[1]), 10**6).amin())
+    assert cut >= 48
+    sd = 0.0 if mode == "answer_joint" else 1e-2
+    calls = []
+    handle = model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        cached = gradient_scores(model, *inputs(pb), mode=mode, noise_std=sd,
+                                 generator=torch.Generator().manual_seed(1))
+    finally:
+        handle.remove()
+    plain = gradient_scores(model, *inputs(pb), mode=mode, noise_std=sd, generator=torch.Generator().manual_seed(1),
+                            prefix_cache_min=10**6)
+    assert calls[0] == cut  # the default threshold took the cached path
+    assert plain[pb.reasoning_mask].abs().median() > 1e-7
+    torch.testing.assert_close(cached, plain, rtol=1e-3, atol=2e-3 * float(plain.abs().max()))  # float rounding

@@ -199,3 +199,20 @@ def test_input_validation(char_tokenizer, sharp_qwen2):
     no_pad.config.pad_token_id = None
     with pytest.raises(ValueError, match="replace_id"):
         perturbation_scores(no_pad, ids, am, rm, ans)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sliding_window_model_equals_naive(char_tokenizer, mode):
+    """A sliding-window model (Mistral, window 40 < the probes, 50-112 tokens): the copies' cached prefixes hold every
+    column, and the model's masks apply the window."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=len(char_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=40, pad_token_id=0,
+                        max_position_embeddings=256)
+    model = sharpen(MistralForCausalLM(cfg).float().eval())
+    pb = probe_batch(char_tokenizer)
+    naive = perturbation_scores_naive(model, *inputs(pb), mode=mode)
+    assert (naive[pb.reasoning_mask].abs() > 1e-4).sum() >= 20  # an informative scale
+    assert_exact(perturbation_scores(model, *inputs(pb), mode=mode, chunk_size=7), naive)

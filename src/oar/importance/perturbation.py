@@ -60,6 +60,8 @@ def _batch_scores(
     key/value cache. The perturbed copies of all rows are then sorted by suffix length and run ``chunk_size`` at a
     time: a copy re-runs its row's last ``S`` tokens (``S`` the longest suffix of its chunk, at least ``K``)
     on top of its row's clean cache before them, gathered from the clean pass."""
+    from transformers import DynamicCache
+
     device = seqs[0].device
     R = len(seqs)
     reads = []  # per row: (end, positions predicting the answer)
@@ -82,7 +84,9 @@ def _batch_scores(
     real = pos >= 0
     targets = nxt[:, E - K :]
     sel = predicting[:, E - K :]
-    out = model(x, attention_mask=real.long(), position_ids=pos.clamp_min(0), use_cache=True, logits_to_keep=K)
+    # an explicit full-length cache: every layer keeps all E columns (a sliding-window layer would not)
+    out = model(x, attention_mask=real.long(), position_ids=pos.clamp_min(0), past_key_values=DynamicCache(),
+                use_cache=True, logits_to_keep=K)
     clean, kv = outcome(out.logits, sel, targets, mode), _layers(out.past_key_values)
 
     # one copy per (row, window): its row, window id and first replaced position, by suffix length
@@ -106,8 +110,6 @@ def _batch_scores(
         mask = real[r]
         past = None
         if P > 0:
-            from transformers import DynamicCache
-
             past = DynamicCache()
             for layer, (k, v) in enumerate(kv):
                 past.update(k[r, :, :P], v[r, :, :P], layer)
