@@ -41,7 +41,7 @@ register_credit(
 
 register_credit(
     "oar-p", combine="multiply", needs_policy=True, needs_probe=True,
-    passes="per reasoning token: the probe suffix from that token (KV-cached prefix, chunk_size copies a pass)",
+    passes="per reasoning token: the probe suffix from that token (KV-cached prefix, chunk_size copies, any rows)",
     paper=f"{OAR_PAPER} (OAR-P)",
     summary="KL of the outcome when the token is replaced by pad (counterfactual), Bi-Level weights",
     options={"mode": "last", "replace_id": None, "chunk_size": 16, "span": None, **BILEVEL},
