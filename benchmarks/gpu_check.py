@@ -135,16 +135,9 @@ def make_rows(tok, shape: Shape, seed: int = 0) -> tuple[list[list[int]], list[l
 
 
 def probes(tok, prompts, completions, device: str):
-    from oar.probe import OutcomeProbe
+    from oar.probe import OutcomeProbe, rollout_tensors
 
-    P, T = max(map(len, prompts)), max(map(len, completions))
-    args = (
-        torch.tensor([[0] * (P - len(x)) + x for x in prompts]),
-        torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in prompts]),
-        torch.tensor([x + [0] * (T - len(x)) for x in completions]),
-        torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in completions]),
-    )
-    pb = OutcomeProbe(tok)(*args)
+    pb = OutcomeProbe(tok)(*rollout_tensors(prompts, completions))
     if not pb.valid.all():
         raise RuntimeError("gpu_check: a probe is invalid (the answer was not located)")
     return pb.to(device)

@@ -11,7 +11,7 @@ from conftest import make_tiny_lm
 from oar import gradient_scores, perturbation_scores
 from oar.credit import CreditBatch, get_credit, token_credit
 from oar.importance.guided import calibrate, guided_perturbation_scores, top_fraction
-from oar.probe import OutcomeProbe
+from oar.probe import OutcomeProbe, rollout_tensors
 from test_importance_perturbation import assert_exact, inputs, probe_batch, sharpen
 
 
@@ -125,12 +125,7 @@ def test_registered_credit_runs_through_token_credit(char_tokenizer, model):
     pb_args = [char_tokenizer(x, add_special_tokens=False)["input_ids"] for x in ("Q1", "Q2")]
     comps = [char_tokenizer(x, add_special_tokens=False)["input_ids"] for x in ("a+b=c so 3\n\\boxed{3}",
                                                                               "5-2=3, 3*2=6\n\\boxed{6}")]
-    P, T = max(map(len, pb_args)), max(map(len, comps))
-    batch = CreditBatch(
-        torch.tensor([[0] * (P - len(x)) + x for x in pb_args]),
-        torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in pb_args]),
-        torch.tensor([x + [0] * (T - len(x)) for x in comps]),
-        torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in comps]), model=model)
+    batch = CreditBatch(*rollout_tensors(pb_args, comps), model=model)
     tc = token_credit("oar-pg", batch, probe=OutcomeProbe(char_tokenizer), options={"k": 0.5},
                       generator=torch.Generator().manual_seed(0))
     assert tc.mask.any(dim=1).all() and (tc.scores[tc.mask] >= 0).all()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_lm
-from oar import OutcomeProbe, perturbation_scores
+from oar import OutcomeProbe, perturbation_scores, rollout_tensors
 from oar.importance import perturbation_scores_naive
 
 MODES = ("last", "answer_mean", "answer_joint")
@@ -28,16 +28,8 @@ def sharpen(model, factor: float = 20.0):
 
 
 def probe_batch(tok, prompts=PROMPTS, completions=COMPLETIONS):
-    p = [tok(x, add_special_tokens=False)["input_ids"] for x in prompts]
-    c = [tok(x, add_special_tokens=False)["input_ids"] for x in completions]
-    P, T = max(map(len, p)), max(map(len, c))
-    args = (
-        torch.tensor([[0] * (P - len(x)) + x for x in p]),
-        torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in p]),
-        torch.tensor([x + [0] * (T - len(x)) for x in c]),
-        torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in c]),
-    )
-    pb = OutcomeProbe(tok)(*args)
+    encode = [[tok(x, add_special_tokens=False)["input_ids"] for x in texts] for texts in (prompts, completions)]
+    pb = OutcomeProbe(tok)(*rollout_tensors(*encode))
     assert pb.valid.all()
     return pb
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oar import OutcomeProbe, ProbeBatch
+from oar import OutcomeProbe, ProbeBatch, rollout_tensors
 from oar.probe import DEFAULT_CONCLUDE
 
 
@@ -14,12 +14,7 @@ def rollout(tok, prompts, completions, pad_id=None):
     pad = tok.pad_token_id if pad_id is None else pad_id
     p = [tok(x, add_special_tokens=False)["input_ids"] for x in prompts]
     c = [tok(x, add_special_tokens=False)["input_ids"] for x in completions]
-    P, T = max(map(len, p)), max(map(len, c))
-    prompt_ids = torch.tensor([[pad] * (P - len(x)) + x for x in p])
-    prompt_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in p])
-    completion_ids = torch.tensor([x + [pad] * (T - len(x)) for x in c])
-    completion_mask = torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in c])
-    return prompt_ids, prompt_mask, completion_ids, completion_mask
+    return rollout_tensors(p, c, pad)
 
 
 def text(tok, ids, mask=None):
@@ -173,3 +168,14 @@ def test_line_segments(char_tokenizer):
     seg = probe.line_segments(pb)
     assert seg[0][pb.reasoning_mask[0]].tolist() == [0, 0, 0, 1, 1, 1, 2]
     assert (seg[~pb.reasoning_mask] == -1).all()
+
+
+def test_rollout_tensors_layout():
+    p_ids, p_mask, c_ids, c_mask = rollout_tensors([[5, 6], [7]], [[8], [9, 10, 11]], pad_id=3)
+    assert p_ids.tolist() == [[5, 6], [3, 7]] and p_mask.tolist() == [[1, 1], [0, 1]]  # prompts left-padded
+    assert c_ids.tolist() == [[8, 3, 3], [9, 10, 11]] and c_mask.tolist() == [[1, 0, 0], [1, 1, 1]]  # right-padded
+    assert c_mask.dtype == torch.long
+    _, _, empty_ids, empty_mask = rollout_tensors([[5]], [[]])
+    assert empty_ids.shape == (1, 1) and empty_mask.tolist() == [[0]]
+    with pytest.raises(ValueError, match="2 prompts but 1 completions"):
+        rollout_tensors([[5], [6]], [[7]])

@@ -11,7 +11,7 @@ import torch
 
 from oar.credit import CreditBatch, token_credit
 from oar.integrations.verl.core import METRIC_KEYS, OARVerlConfig, active_rows, fold_credit, score_shard
-from oar.probe import OutcomeProbe
+from oar.probe import OutcomeProbe, rollout_tensors
 from test_importance_perturbation import sharpen
 
 
@@ -48,15 +48,7 @@ def test_active_rows_are_the_rows_with_nonzero_grpo_advantage():
 def _rollout(char_tokenizer, texts: list[str], prompt: str = "3+4="):
     tok = char_tokenizer
     p = [tok(prompt, add_special_tokens=False)["input_ids"]] * len(texts)
-    c = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    T = max(map(len, c))
-    prompt_ids = torch.tensor(p)
-    response_ids = torch.zeros(len(c), T, dtype=torch.long)
-    response_mask = torch.zeros(len(c), T, dtype=torch.long)
-    for i, row in enumerate(c):
-        response_ids[i, : len(row)] = torch.tensor(row)
-        response_mask[i, : len(row)] = 1
-    return prompt_ids, torch.ones_like(prompt_ids), response_ids, response_mask
+    return rollout_tensors(p, [tok(t, add_special_tokens=False)["input_ids"] for t in texts])
 
 
 TEXTS = ["3+4 is 7, \\boxed{7}", "3 plus 4 gives 8, \\boxed{8}", "so 7, \\boxed{7}", "it is 7, \\boxed{7}"]

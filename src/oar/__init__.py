@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     # importance: probe and scorers
     "OutcomeProbe": "oar.probe",
     "ProbeBatch": "oar.probe",
+    "rollout_tensors": "oar.probe",
     "perturbation_scores": "oar.importance",
     "guided_perturbation_scores": "oar.importance.guided",
     "gradient_scores": "oar.importance",

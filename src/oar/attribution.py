@@ -173,18 +173,6 @@ def _encode(tokenizer: Any, text: str, chat: bool, prompt: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=prompt)["input_ids"])
 
 
-def _pad(rows: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, r in enumerate(rows):
-        if r:
-            sl = slice(width - len(r), width) if left else slice(0, len(r))
-            ids[b, sl] = torch.tensor(r, dtype=torch.long)
-            mask[b, sl] = 1
-    return ids, mask
-
-
 def attribute_batch(
     model: Any,
     tokenizer: Any,
@@ -216,7 +204,7 @@ def attribute_batch(
         One :class:`AttributionRecord` per completion, in order.
     """
     from oar.credit import CreditBatch, get_credit, token_credit
-    from oar.probe import OutcomeProbe
+    from oar.probe import OutcomeProbe, rollout_tensors
 
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -228,9 +216,9 @@ def attribute_batch(
         raise ValueError(f"credit {credit!r} reads the rollout group: pass one reward per completion (rewards=)")
     probe = probe or OutcomeProbe(tokenizer)
     device = next(model.parameters()).device
-    p_ids, p_mask = _pad([_encode(tokenizer, p, chat, True) for p in prompts], probe.pad_id, left=True)
     c_rows = [_encode(tokenizer, c, chat, False) for c in completions]
-    c_ids, c_mask = _pad(c_rows, probe.pad_id, left=False)
+    p_ids, p_mask, c_ids, c_mask = rollout_tensors([_encode(tokenizer, p, chat, True) for p in prompts], c_rows,
+                                                   probe.pad_id)
     ids = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
     group = torch.tensor([ids[p] for p in prompts], device=device)
     r = torch.tensor([float(x) for x in rewards], dtype=torch.float32, device=device) if rewards else None

@@ -61,6 +61,28 @@ class ProbeBatch:
         return ProbeBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
+def rollout_tensors(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token-id lists in TRL's rollout layout: ``prompt_ids / prompt_mask [B, P]`` left-padded and
+    ``completion_ids / completion_mask [B, T]`` right-padded (long masks, 1 on real tokens; width >= 1)."""
+
+    def pad(rows: Sequence[Sequence[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(1, max((len(r) for r in rows), default=0))
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, r in enumerate(rows):
+            if len(r):
+                cols = slice(width - len(r), width) if left else slice(0, len(r))
+                ids[b, cols] = torch.as_tensor(list(r), dtype=torch.long)
+                mask[b, cols] = 1
+        return ids, mask
+
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    return (*pad(prompts, left=True), *pad(completions, left=False))
+
+
 def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
