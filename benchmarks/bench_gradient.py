@@ -4,7 +4,7 @@
         [--vocab 49152] [--repeats 3] [--device cpu] [--threads 1]
 
 The policy step is what a GRPO update does per micro-batch: full logits, token log-probs of the
-sequence, ``backward()`` into the parameters. OAR-G is timed for its default mode (``answer_mean``:
+sequence, ``backward()`` into the parameters. OAR-G is timed for the paper's mode (``answer_mean``:
 a clean no-grad forward plus a forward/backward to the input embeddings) and for ``answer_joint``
 with ``noise_std=0`` (no clean forward). Median of ``--repeats`` after one warm-up. Prints JSON.
 """

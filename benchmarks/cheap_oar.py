@@ -40,7 +40,7 @@ VARIANTS: list[tuple[str, str, dict]] = [
     ("oar-pg k=0.25 below", "oar-pg", {"k": 0.25, "calibration": "below"}),
     ("oar-p span=2", "oar-p", {"span": 2}),
     ("oar-p span=4", "oar-p", {"span": 4}),
-    ("oar-g answer_mean", "oar-g", {}),
+    ("oar-g answer_mean", "oar-g", {"mode": "answer_mean", "noise_std": 1e-3}),
     ("oar-g answer_joint σ=0", "oar-g", {"mode": "answer_joint", "noise_std": 0.0}),
 ]
 # (label, gradient checkpointing): TRL's default (on) is the "before" of issue #12, the lab preset (off) the "after"

@@ -99,11 +99,12 @@ COMPLETIONS = ["2+3=5;5*4=20\nso \\boxed{20}", "7-1=6, so 7-1 gives \\boxed{6}",
 
 
 def _batch(tok, model, rewards=None, group=None):
-    from oar.attribution import _encode, _pad
+    from oar.attribution import _encode
+    from oar.probe import rollout_tensors
 
-    p_ids, p_mask = _pad([_encode(tok, p, False, True) for p in PROMPTS], tok.pad_token_id, left=True)
-    c_ids, c_mask = _pad([_encode(tok, c, False, False) for c in COMPLETIONS], tok.pad_token_id, left=False)
-    return CreditBatch(p_ids, p_mask, c_ids, c_mask, rewards=rewards, group=group, model=model)
+    rollout = rollout_tensors([_encode(tok, p, False, True) for p in PROMPTS],
+                              [_encode(tok, c, False, False) for c in COMPLETIONS], tok.pad_token_id)
+    return CreditBatch(*rollout, rewards=rewards, group=group, model=model)
 
 
 def test_token_credit_oar_p_is_bilevel_of_the_probe_scores(char_tokenizer, tiny_qwen2):

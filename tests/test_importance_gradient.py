@@ -77,7 +77,7 @@ def test_seeded_noise_is_reproducible_and_batch_size_free(setup):
 
     def run(seed, batch_size=None):
         gen = torch.Generator().manual_seed(seed)
-        return gradient_scores(model, *inputs(pb), generator=gen, batch_size=batch_size)
+        return gradient_scores(model, *inputs(pb), mode="answer_mean", generator=gen, batch_size=batch_size)
 
     a = run(0)
     torch.testing.assert_close(run(0, batch_size=1), a, rtol=1e-2, atol=1e-3 * float(a.max()))

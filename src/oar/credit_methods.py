@@ -33,10 +33,10 @@ def grpo_scores(batch: CreditBatch) -> torch.Tensor:
 
 register_credit(
     "oar-g", combine="multiply", needs_policy=True, needs_probe=True,
-    passes="per scorer batch: 1 clean forward + 1 noisy forward + 1 backward to the input embeddings",
+    passes="per scorer batch: 1 forward + 1 backward to the input embeddings (KL modes: + 1 clean forward)",
     paper=f"{OAR_PAPER} (OAR-G)",
-    summary="|gradient × input| of the outcome divergence on the reasoning embeddings, Bi-Level weights",
-    options={"mode": "answer_mean", "noise_std": 1e-3, **BILEVEL},
+    summary="|gradient × input| of the answer's log-probability on the reasoning embeddings, Bi-Level weights",
+    options={"mode": "answer_joint", "noise_std": None, **BILEVEL},
 )(gradient_scores)
 
 register_credit(

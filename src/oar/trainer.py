@@ -62,7 +62,7 @@ class OARConfig(GRPOConfig):
     probe_mode: str | None = field(
         default=None,
         metadata={"help": f"How P_final is read: one of {PROBE_MODES}; None = the scorer's default "
-                          "(oar-g: answer_mean, oar-p: last)."},
+                          "(oar-g: answer_joint, oar-p: last)."},
     )
     conclude_text: str = field(
         default=DEFAULT_CONCLUDE,
@@ -76,8 +76,9 @@ class OARConfig(GRPOConfig):
     reference_column: str = field(
         default="answer", metadata={"help": "Dataset column holding the reference answer."}
     )
-    noise_std: float = field(
-        default=1e-3, metadata={"help": "OAR-G: std of the Gaussian noise on the reasoning embeddings, >= 0."}
+    noise_std: float | None = field(
+        default=None, metadata={"help": "OAR-G: std of the Gaussian noise on the reasoning embeddings, >= 0; None = "
+                                        "the scorer's default (0 with answer_joint, 1e-3 with the KL modes)."}
     )
     oar_batch_size: int = field(
         default=16, metadata={"help": "Completions per importance-scorer call, >= 1 (bounds the probes' memory)."}
@@ -121,7 +122,7 @@ class OARConfig(GRPOConfig):
             raise ValueError(f"oar_beta must be >= 0, got {self.oar_beta!r}")
         if not 0.0 <= self.oar_floor <= 1.0:
             raise ValueError(f"oar_floor must be in [0, 1], got {self.oar_floor!r}")
-        if not (self.noise_std >= 0.0 and math.isfinite(self.noise_std)):
+        if self.noise_std is not None and not (self.noise_std >= 0.0 and math.isfinite(self.noise_std)):
             raise ValueError(f"noise_std must be a finite number >= 0, got {self.noise_std!r}")
         opts = self.method_options(method)
         if (method.base or method.name) == "oar-g" and opts["noise_std"] == 0.0 and opts["mode"] != "answer_joint":

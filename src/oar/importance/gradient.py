@@ -22,6 +22,8 @@ import torch
 
 from oar.importance._common import check_inputs, divergence, outcome, readout_positions, scoring_mode
 
+# OAR-G's noise σ in the KL modes when none is given (OAR_SPEC §3: the KL has zero gradient at δ = 0)
+KL_NOISE_STD = 1e-3
 # Shortest shared prefix (tokens) worth a cached no-grad pass: the break-even measured on one CPU thread (hidden
 # 256 × 4 layers, completion 256, batch 8): 48-token prefix ±0 %, 128 tokens −21 %, 16 tokens +7–15 %
 PREFIX_CACHE_MIN = 48
@@ -33,8 +35,8 @@ def gradient_scores(
     attention_mask: torch.Tensor,
     reasoning_mask: torch.Tensor,
     answer_mask: torch.Tensor,
-    mode: str = "answer_mean",
-    noise_std: float = 1e-3,
+    mode: str = "answer_joint",
+    noise_std: float | None = None,
     generator: torch.Generator | None = None,
     batch_size: int | None = None,
     prefix_cache_min: int = PREFIX_CACHE_MIN,
@@ -45,8 +47,10 @@ def gradient_scores(
         model: a Hugging Face causal LM (any dtype; the outcome is computed in float32).
         input_ids / attention_mask: ``[B, L]`` probes (any padding side).
         reasoning_mask / answer_mask: ``[B, L]`` bool; reasoning tokens must precede the answer.
-        mode: ``"last"``, ``"answer_mean"`` (default) or ``"answer_joint"``.
-        noise_std: σ of the embedding noise on reasoning rows (> 0 for the KL modes).
+        mode: ``"answer_joint"`` (default; the paper's is ``"answer_mean"``, see docs/importance.md), ``"last"`` or
+            ``"answer_mean"``.
+        noise_std: σ of the embedding noise on reasoning rows (> 0 for the KL modes); None: 0 for
+            ``answer_joint`` (no noise, deterministic), :data:`KL_NOISE_STD` for the KL modes.
         generator: a ``torch.Generator`` for reproducible noise (the noise of the whole batch is drawn
             at once, so results do not depend on ``batch_size``).
         batch_size: rows per forward/backward (default: the whole batch).
@@ -57,6 +61,8 @@ def gradient_scores(
         ``[B, L]`` float32 scores, 0 outside the reasoning and on rows without reasoning or answer.
     """
     check_inputs(input_ids, attention_mask, reasoning_mask, answer_mask, mode)
+    if noise_std is None:
+        noise_std = 0.0 if mode == "answer_joint" else KL_NOISE_STD
     if noise_std < 0 or (noise_std == 0 and mode != "answer_joint"):
         raise ValueError(f"noise_std must be > 0 for mode {mode!r} (>= 0 for answer_joint), got {noise_std}")
     if batch_size is not None and batch_size < 1:
