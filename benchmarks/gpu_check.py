@@ -4,7 +4,7 @@ A randomly initialised model of Qwen2.5-1.5B's configuration (written out below:
 SDPA attention, prompt 256 / completion 2,048 tokens, G = 8 completions of one prompt, on one GPU:
 
 1. exactness in bf16: OAR-P's fast path (KV-cached suffixes, chunked copies) against the naive definition
-   (one full forward per copy) on ``--check-positions`` reasoning tokens of one probe, and OAR-G batched
+   (one full forward per copy) on ``--check-positions`` reasoning tokens of two probes, and OAR-G batched
    (ragged rows, padded) against one row at a time; both against a float32 copy of the same weights. A fast
    path passes when its error to float32 is at most ``2 x`` the naive path's (bf16's own noise) ``+ 1e-6``;
 2. the scorers alone on the G probes: OAR-G, G-guided OAR-P (``oar-pg``, default ``k``) and exact OAR-P
@@ -157,12 +157,14 @@ def exactness(model, fp32, pb, shape: Shape) -> dict:
     from oar.importance import perturbation_scores_naive
 
     ids, am, rm, ans = pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask
-    # OAR-P: check_positions reasoning tokens of row 0, evenly spaced
-    pos = rm[0].nonzero().squeeze(1)
-    pick = pos[torch.linspace(0, pos.numel() - 1, min(shape.check_positions, pos.numel())).round().long()]
-    sub = torch.zeros_like(rm[:1])
-    sub[0, pick] = True
-    one = (ids[:1], am[:1], sub, ans[:1])
+    # OAR-P: check_positions reasoning tokens of rows 0 and 1 (their copies share forwards), evenly spaced
+    rows = min(2, ids.shape[0])
+    sub = torch.zeros_like(rm[:rows])
+    for b in range(rows):
+        pos = rm[b].nonzero().squeeze(1)
+        n = min(max(shape.check_positions // rows, 1), pos.numel())
+        sub[b, pos[torch.linspace(0, pos.numel() - 1, n).round().long()]] = True
+    one = (ids[:rows], am[:rows], sub, ans[:rows])
     ref = perturbation_scores_naive(fp32, *one)
     fast = perturbation_scores(model, *one)
     naive = perturbation_scores_naive(model, *one)

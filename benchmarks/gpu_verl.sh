@@ -24,7 +24,7 @@ export HF_HUB_OFFLINE=1 VERL_USE_EXTERNAL_PLUGINS=auto
 timeout 480 python -m verl.trainer.main_ppo \
   algorithm.adv_estimator=grpo \
   trainer.use_v1=true trainer.v1.trainer_mode=oar_sync \
-  +oar.credit=oar-g +oar.batch_size=2 +oar.options.noise_std=0.001 \
+  +oar.credit=oar-g +oar.batch_size=2 +oar.options.tau=0.25 \
   data.train_files="$TRAIN_FILE" data.val_files="$VAL_FILE" \
   data.train_batch_size=16 data.max_prompt_length=512 data.max_response_length=512 \
   actor_rollout_ref.model.path="$MODEL_PATH" \

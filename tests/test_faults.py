@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from oar.lab.compare import finished_run
-from oar.lab.run import RunConfig
+from oar.lab.run import RunConfig, credit_defaults
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
@@ -27,9 +27,12 @@ SRC = str(Path(__file__).resolve().parent.parent / "src")
 # --- oar compare --------------------------------------------------------------------------------------------
 
 
-def _lab_run(path: Path, cfg: RunConfig, last_step: int, last_wall: float, summary_final: dict | None) -> None:
+def _lab_run(path: Path, cfg: RunConfig, last_step: int, last_wall: float, summary_final: dict | None,
+             defaults: dict | None = None) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    (path / "run.json").write_text(json.dumps({"credit": cfg.credit, "lab": asdict(cfg)}))
+    info = {"credit": cfg.credit, "lab": asdict(cfg), "credit_defaults": credit_defaults(cfg) if defaults is None
+            else defaults}
+    (path / "run.json").write_text(json.dumps(info))
     rows = [{"step": 0, "wall_time": 0.0, "eval/accuracy": 0.1}]
     rows += [{"step": s, "wall_time": last_wall * s / last_step, "step_time": 1.0} for s in range(1, last_step)]
     rows.append({"step": last_step, "wall_time": last_wall, "step_time": 1.0, "eval/accuracy": 0.3})
@@ -57,6 +60,12 @@ def test_compare_resume_trusts_metrics_not_a_stale_summary(tmp_path):
     _lab_run(tmp_path / "no_summary", cfg, 40, 30.5, None)
     assert not finished_run(tmp_path / "no_summary", cfg)
     assert not finished_run(tmp_path / "finished", RunConfig(credit="grpo", budget_s=60.0, eval_every=10))
+    # made when the credit's registered defaults were different (OAR-G's mode before session 6): run again
+    old = RunConfig(credit="oar-g", budget_s=30.0, eval_every=10)
+    _lab_run(tmp_path / "old_defaults", old, 40, 30.5, done, {**credit_defaults(old), "mode": "answer_mean"})
+    assert not finished_run(tmp_path / "old_defaults", old)
+    _lab_run(tmp_path / "same_defaults", old, 40, 30.5, done)
+    assert finished_run(tmp_path / "same_defaults", old)
 
 
 _POOL_PARENT = """

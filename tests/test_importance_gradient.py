@@ -188,3 +188,17 @@ def test_long_prompts_take_the_cached_prefix_by_default_with_the_same_scores(cha
     assert calls[0] == cut  # the default threshold took the cached path
     assert plain[pb.reasoning_mask].abs().median() > 1e-7
     torch.testing.assert_close(cached, plain, rtol=1e-3, atol=2e-3 * float(plain.abs().max()))  # float rounding
+
+
+def test_defaults_answer_joint_without_noise_and_kl_modes_get_the_spec_noise(setup):
+    """No arguments: answer_joint, σ = 0 (deterministic, no generator needed); a KL mode without noise_std gets
+    σ = KL_NOISE_STD (OAR_SPEC §3), the same as passing it."""
+    from oar.importance.gradient import KL_NOISE_STD
+
+    model, pb = setup
+    default = gradient_scores(model, *inputs(pb))
+    assert torch.equal(default, gradient_scores(model, *inputs(pb), mode="answer_joint", noise_std=0))
+    got = gradient_scores(model, *inputs(pb), mode="answer_mean", generator=torch.Generator().manual_seed(3))
+    want = gradient_scores(model, *inputs(pb), mode="answer_mean", noise_std=KL_NOISE_STD,
+                           generator=torch.Generator().manual_seed(3))
+    assert KL_NOISE_STD == 1e-3 and torch.equal(got, want) and not torch.equal(got, default)

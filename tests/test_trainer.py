@@ -65,6 +65,21 @@ def test_config_rejects_bad_values_naming_the_field(tmp_path, field, value):
         OARConfig(**grpo_kwargs(str(tmp_path)), **{field: value})
 
 
+def test_oar_g_defaults_and_the_noise_rule(tmp_path):
+    """OAR-G's default is answer_joint without noise (noise_std None: the scorer resolves it); a KL outcome mode with
+    noise 0 is refused for oar-g and for oar-pg's guide, naming the option."""
+    kw = grpo_kwargs(str(tmp_path))
+    opts = OARConfig(**kw, credit="oar-g").method_options()
+    assert (opts["mode"], opts["noise_std"]) == ("answer_joint", None)
+    OARConfig(**kw, credit="oar-g", noise_std=0.0)  # answer_joint: no noise needed
+    assert OARConfig(**kw, credit="oar-g", probe_mode="answer_mean").method_options()["noise_std"] is None
+    with pytest.raises(ValueError, match="unless its mode is 'answer_joint'"):
+        OARConfig(**kw, credit="oar-g", probe_mode="answer_mean", noise_std=0.0)
+    with pytest.raises(ValueError, match="unless its guide_mode is 'answer_joint'"):
+        OARConfig(**kw, credit="oar-pg", noise_std=0.0)
+    OARConfig(**kw, credit="oar-pg", noise_std=0.0, credit_options={"guide_mode": "answer_joint"})
+
+
 def test_config_loads_from_yaml_with_trl_parser(tmp_path):
     cfg = tmp_path / "oar.yaml"
     cfg.write_text(f"output_dir: {tmp_path}\nuse_cpu: true\ncredit: oar-p\noar_tau: 0.3\nprobe_mode: answer_joint\n"

@@ -125,8 +125,10 @@ class OARConfig(GRPOConfig):
         if self.noise_std is not None and not (self.noise_std >= 0.0 and math.isfinite(self.noise_std)):
             raise ValueError(f"noise_std must be a finite number >= 0, got {self.noise_std!r}")
         opts = self.method_options(method)
-        if (method.base or method.name) == "oar-g" and opts["noise_std"] == 0.0 and opts["mode"] != "answer_joint":
-            raise ValueError("noise_std must be > 0 for credit='oar-g' unless probe_mode='answer_joint' "
+        base = method.base or method.name
+        guide = {"oar-g": "mode", "oar-pg": "guide_mode"}.get(base)  # the option holding OAR-G's outcome mode
+        if guide and opts["noise_std"] == 0.0 and opts[guide] != "answer_joint":
+            raise ValueError(f"noise_std must be > 0 for credit={base!r} unless its {guide} is 'answer_joint' "
                              "(the KL outcome has zero gradient without noise)")
         for name in ("oar_batch_size", "oar_chunk_size", "oar_dump_count"):
             value = getattr(self, name)

@@ -10,7 +10,9 @@ outcome moves: ``KL(P_final || P_final')`` (modes ``last`` / ``answer_mean``) or
 - computing the LM head only at the answer-predicting positions (never ``[copies, L, V]``),
 - stopping each forward at the last position the outcome reads (the closing ``}`` is never run).
 
-Peak memory: the clean cache of the call's rows plus ``chunk_size`` copies of one suffix, not the reasoning length.
+Peak memory: the clean key/value cache of the call's rows plus, per forward, ``chunk_size`` gathered copies of a
+row's prefix cache (about as much again when ``chunk_size`` equals the rows of a call) and their suffixes; not the
+reasoning length.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def _batch_scores(
                        use_cache=past is not None, logits_to_keep=K).logits
         d = divergence(clean[r], outcome(logits, sel[r], targets[r], mode), mode)
         scores.index_put_((r[:, None].expand_as(hit), torch.arange(P, E, device=device).expand_as(hit)),
-                          hit.to(d.dtype) * d[:, None], accumulate=True)
+                          torch.where(hit, d[:, None], 0.0), accumulate=True)  # a non-finite d stays in its window
     return [scores[b, E - e :] for b, (e, _) in enumerate(reads)]
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from oar.credit import get_credit
 from oar.files import atomic_write, read_jsonl
-from oar.lab.run import RunConfig, train_lab
+from oar.lab.run import RunConfig, credit_defaults, train_lab
 from oar.lab.summary import format_results_table, summarize_comparison
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.progress import RunTable
@@ -92,7 +92,8 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
         rows = read_jsonl(run_dir / "metrics.jsonl")
     except (OSError, ValueError):
         return False
-    if meta.get("lab") != json.loads(json.dumps(asdict(cfg))) or not rows or "eval/accuracy" not in rows[-1]:
+    if meta.get("lab") != json.loads(json.dumps(asdict(cfg))) or meta.get("credit_defaults") != credit_defaults(cfg) \
+            or not rows or "eval/accuracy" not in rows[-1]:
         return False
     last = rows[-1]
     stopped = last.get("wall_time", 0.0) >= cfg.budget_s or last.get("step", 0) >= cfg.max_steps

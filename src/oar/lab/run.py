@@ -128,6 +128,13 @@ class LabCallback(RunDirCallback):
         super().on_log(args, state, control, logs=logs, **kw)
 
 
+def credit_defaults(cfg: RunConfig) -> dict:
+    """The registered option defaults of ``cfg.credit`` as JSON types (recorded in run.json)."""
+    from oar.credit import get_credit
+
+    return json.loads(json.dumps(dict(get_credit(cfg.credit).options)))
+
+
 def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None,
               report: Callable[..., None] | None = None) -> dict:
     """Train one (credit, seed) run into ``run_dir`` (run.json, metrics.jsonl, summary.json); returns the summary.
@@ -162,7 +169,8 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         save_strategy="no", report_to="none",
         disable_tqdm=True, dataloader_num_workers=0, conclude_text=BOXED, **cfg.oar,
     )
-    cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg)},
+    # the credit's registered option defaults: a resumed comparison must not reuse a run made under other defaults
+    cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg), "credit_defaults": credit_defaults(cfg)},
                      lambda step: accuracy(model, tok, test, k=cfg.eval_k, temperature=cfg.temperature,
                                            max_new_tokens=max_len, seed=1000 + step),
                      cfg.budget_s, cfg.eval_every, cfg.max_steps, report, cfg.clock)
