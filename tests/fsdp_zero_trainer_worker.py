@@ -131,6 +131,9 @@ def main(config: dict, out_path: str) -> None:
         torch.save(flat, out_path + ".pt")
         with open(out_path, "w", encoding="utf-8") as f:
             json.dump(result, f)
+    # leave the gloo group before the interpreter exits: torn down at exit, its threads can abort the process
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
