@@ -131,10 +131,14 @@ def main(config: dict, out_path: str) -> None:
         torch.save(flat, out_path + ".pt")
         with open(out_path, "w", encoding="utf-8") as f:
             json.dump(result, f)
-    # leave the gloo group before the interpreter exits: torn down at exit, its threads can abort the process
+    # leave the gloo group, then skip the interpreter's teardown: C++ threads destroyed at exit aborted a rank
+    # now and then ('terminate called without an active exception'), after the results were written
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]), sys.argv[2])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

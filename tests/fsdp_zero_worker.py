@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import os
 import sys
 
 import torch
@@ -200,3 +201,6 @@ def write(result: dict, out_path: str) -> None:
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]), sys.argv[2])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip the interpreter's teardown (see fsdp_zero_trainer_worker.py)

@@ -150,7 +150,13 @@ def test_credit_grpo_is_bit_identical_to_trl(tmp_path, char_tokenizer, loss_type
     "credit, answer_source",
     [("oar-g", "completion"), ("oar-p", "reference"), ("entropy", "completion"), ("random", "completion")],
 )
-def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_source):
+def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_source, monkeypatch):
+    import oar.credit
+
+    probed = []  # the rows of every probe chunk (a chunk without an answer never reaches the scorer)
+    probe_chunk = oar.credit._probe_chunk
+    monkeypatch.setattr(oar.credit, "_probe_chunk", lambda m, b, idx, *a: (probed.extend(idx.tolist()),
+                                                                             probe_chunk(m, b, idx, *a)))
     trainer = RecordingTrainer(
         model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
         args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit=credit, answer_source=answer_source,
@@ -163,8 +169,8 @@ def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_sourc
     seq = adv[:, 0]  # token 0 is reasoning or not, but a row's advantage sign and zero-ness are per row
     active = (adv != 0).any(dim=1)
     assert 0 < int(active.sum()) < adv.shape[0], "test needs groups with and without reward variance"
-    assert sum(trainer.scored_rows) == int(active.sum()), "rows with zero advantage must not be scored"
-    assert max(trainer.scored_rows) <= 3
+    assert sorted(probed) == active.nonzero().squeeze(1).tolist(), "rows with zero advantage must not be scored"
+    assert 0 < sum(trainer.scored_rows) <= int(active.sum()) and max(trainer.scored_rows) <= 3
     assert torch.equal(adv[~active], torch.zeros_like(adv[~active]))
 
     # where the reasoning is does not depend on the answer source
