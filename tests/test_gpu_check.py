@@ -17,9 +17,9 @@ def test_gpu_check_smoke_writes_every_section(tmp_path):
     res = gpu_check.main(["--smoke", "--out", str(tmp_path / "check")])
     saved = json.loads((tmp_path / "check.json").read_text())
     assert saved["setup"]["smoke"] and saved["setup"]["shape"]["group"] == 4
-    assert res["exactness"]["oar-p"]["pass"] and res["exactness"]["oar-g"]["pass"]
+    assert all(res["exactness"][k]["pass"] for k in ("oar-p", "oar-p horizon", "oar-g"))
     assert res["exactness"]["oar-p"]["naive_vs_fp32"]["scale"] > 0  # scores, not all zeros
-    assert set(res["scorers"]) == {"oar-g", "oar-pg", "oar-p"}
+    assert set(res["scorers"]) == {"oar-g", "oar-pg", "oar-p horizon", "oar-p"}
     assert all(r["seconds"] > 0 for r in res["scorers"].values())
     assert list(saved["steps"]) == list(gpu_check.CREDITS)
     for credit, r in saved["steps"].items():

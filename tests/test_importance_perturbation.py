@@ -208,3 +208,41 @@ def test_sliding_window_model_equals_naive(char_tokenizer, mode):
     naive = perturbation_scores_naive(model, *inputs(pb), mode=mode)
     assert (naive[pb.reasoning_mask].abs() > 1e-4).sum() >= 20  # an informative scale
     assert_exact(perturbation_scores(model, *inputs(pb), mode=mode, chunk_size=7), naive)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_horizon_fast_equals_its_naive_definition(char_tokenizer, mode):
+    """``horizon=W``: the batched engine equals the plain definition (full forward per copy, keys/values after W
+    positions past the window swapped for the clean ones, answer positions re-run), for tokens and windows."""
+    model = sharpen(make_tiny_lm(len(char_tokenizer), "qwen2", seed=1))
+    pb = probe_batch(char_tokenizer)
+    for horizon in (0, 3):
+        naive = perturbation_scores_naive(model, *inputs(pb), mode=mode, horizon=horizon)
+        assert naive[pb.reasoning_mask].abs().median() > 1e-4
+        for chunk_size in (1, 7, 64):
+            assert_exact(perturbation_scores(model, *inputs(pb), mode=mode, chunk_size=chunk_size, horizon=horizon),
+                         naive)
+    assert_exact(perturbation_scores(model, *inputs(pb), mode=mode, span=3, horizon=2, chunk_size=5),
+                 perturbation_scores_naive(model, *inputs(pb), mode=mode, span=3, horizon=2))
+
+
+def test_horizon_is_an_approximation_that_becomes_exact(char_tokenizer, sharp_qwen2):
+    """A horizon reaching the answer is exact OAR-P; a short one differs from it (stale keys/values) except on
+    the tokens whose horizon reaches the answer anyway."""
+    model, pb = sharp_qwen2, probe_batch(char_tokenizer)
+    exact = perturbation_scores(model, *inputs(pb))
+    assert_exact(perturbation_scores(model, *inputs(pb), horizon=pb.input_ids.shape[1]), exact)
+    W = 40  # the probe puts ~40 conclusion tokens ("Therefore, the final answer is ...") before the readout
+    short = perturbation_scores(model, *inputs(pb), horizon=W)
+    r = pb.reasoning_mask
+    pos = torch.arange(r.shape[1]).expand_as(r)
+    first_answer = torch.where(pb.answer_mask, pos, r.shape[1]).amin(dim=1, keepdim=True)
+    near = r & (pos + W >= first_answer - 2)  # re-run up to the readout position's predecessor: nothing is stale
+    assert near.any() and (r & ~near).any()
+    torch.testing.assert_close(short[near], exact[near], rtol=1e-3, atol=2e-6)
+    far = r & ~near
+    assert ((short[far] - exact[far]).abs() / exact[far].abs()).max() > 0.05  # stale keys/values: not exact
+    assert (short[~r] == 0).all()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="horizon"):
+            perturbation_scores(model, *inputs(pb), horizon=bad)

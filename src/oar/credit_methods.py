@@ -44,7 +44,7 @@ register_credit(
     passes="per reasoning token: the probe suffix from that token (KV-cached prefix, chunk_size copies, any rows)",
     paper=f"{OAR_PAPER} (OAR-P)",
     summary="KL of the outcome when the token is replaced by pad (counterfactual), Bi-Level weights",
-    options={"mode": "last", "replace_id": None, "chunk_size": 16, "span": None, **BILEVEL},
+    options={"mode": "last", "replace_id": None, "chunk_size": 16, "span": None, "horizon": None, **BILEVEL},
 )(perturbation_scores)
 
 register_credit(
