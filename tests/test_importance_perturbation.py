@@ -208,6 +208,8 @@ def test_sliding_window_model_equals_naive(char_tokenizer, mode):
     naive = perturbation_scores_naive(model, *inputs(pb), mode=mode)
     assert (naive[pb.reasoning_mask].abs() > 1e-4).sum() >= 20  # an informative scale
     assert_exact(perturbation_scores(model, *inputs(pb), mode=mode, chunk_size=7), naive)
+    assert_exact(perturbation_scores(model, *inputs(pb), mode=mode, chunk_size=7, horizon=3),
+                 perturbation_scores_naive(model, *inputs(pb), mode=mode, horizon=3))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -17,7 +17,8 @@ the answer are re-run on that mixed cache. ``W`` at least the distance to the an
 
 Peak memory: the clean key/value cache of the call's rows plus, per forward, ``chunk_size`` gathered copies of a
 row's prefix cache (about as much again when ``chunk_size`` equals the rows of a call) and their suffixes; not the
-reasoning length.
+reasoning length. With a horizon: a flat copy of the clean cache, and per forward ``chunk_size`` gathered copies of
+a row's whole cache.
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def _batch_scores(
                 use_cache=True, logits_to_keep=K)
     clean, kv = outcome(out.logits, sel, targets, mode), _layers(out.past_key_values)
     if horizon is not None:  # [R * E, heads, head_dim] per layer: any (row, column) list gathers in one index
-        flat = [(k.transpose(1, 2).reshape(R * E, *k.shape[1:2], k.shape[3]),
-                 v.transpose(1, 2).reshape(R * E, *v.shape[1:2], v.shape[3])) for k, v in kv]
+        flat = [(k.transpose(1, 2).reshape(R * E, k.shape[1], k.shape[3]),
+                 v.transpose(1, 2).reshape(R * E, v.shape[1], v.shape[3])) for k, v in kv]
 
     # one copy per (row, window): its row, window id, first and last replaced positions, by suffix length
     in_window = seg >= 0
