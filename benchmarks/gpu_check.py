@@ -52,7 +52,8 @@ SMOKE = dict(QWEN25_15B, vocab_size=512, hidden_size=64, intermediate_size=128, 
 ANSWER = "\n\\boxed{42}"
 # OAR-P's cheap setting with a horizon (docs/importance.md): copies re-run few columns, so 64 share a forward
 HORIZON_OPTIONS = {"horizon": 2, "chunk_size": 64}
-CREDITS = ("grpo", "oar-g", "oar-pg", "oar-p@horizon=2&chunk_size=64", "oar-p")
+HORIZON_CREDIT = "oar-p@" + "&".join(f"{k}={v}" for k, v in HORIZON_OPTIONS.items())
+CREDITS = ("grpo", "oar-g", "oar-pg", HORIZON_CREDIT, "oar-p")
 
 
 @dataclass(frozen=True)
@@ -373,8 +374,8 @@ def main(argv: list[str] | None = None) -> dict:
         done = res["steps"]
         base = done.get("grpo", {}).get("step_time")
         extra = {"oar-p": res["scorers"]["oar-p"]["seconds_for_group"], "oar-pg": res["scorers"]["oar-pg"]["seconds"],
-                 "oar-g": res["scorers"]["oar-g"]["seconds"], CREDITS[3]: res["scorers"]["oar-p horizon"]["seconds"],
-                 }.get(credit, 0.0)
+                 "oar-g": res["scorers"]["oar-g"]["seconds"],
+                 HORIZON_CREDIT: res["scorers"]["oar-p horizon"]["seconds"]}.get(credit, 0.0)
         projected = (base or 0.0) + extra
         elapsed = time.perf_counter() - t_start
         if elapsed + projected > a.deadline_s:

@@ -113,30 +113,28 @@ def _batch_scores(
     row = torch.div(windows, stride, rounding_mode="floor")
     suffix = E - first
     # readout columns per copy: K for the exact path (one pass per chunk), the row's own k with a horizon
-    reads_k = torch.tensor([e - int(q[0]) for e, q in reads], device=device)[row] if horizon is not None else K
+    row_k = torch.tensor([e - int(q[0]) for e, q in reads], device=device)
+    reads_k = row_k[row] if horizon is not None else torch.full_like(row, K)
     order = torch.argsort(reads_k * (E + 1) + suffix, stable=True)
-    row, first, last, windows, suffix = row[order], first[order], last[order], windows[order], suffix[order]
-    reads_k = reads_k[order] if horizon is not None else torch.full_like(row, K)
+    row, first, last, windows, suffix, reads_k = (t[order] for t in (row, first, last, windows, suffix, reads_k))
 
     scores = torch.zeros(R, E, dtype=torch.float32, device=device)
     c0 = 0
     while c0 < windows.shape[0]:
         c1 = c0 + int((reads_k[c0 : c0 + chunk_size] == reads_k[c0]).sum())  # sorted: one readout length per chunk
         r, w, k = row[c0:c1], windows[c0:c1], int(reads_k[c0])
+        hit = key[r] == w[:, None]  # [C, E] the positions each copy replaces
+        ids = x[r].masked_fill(hit, replace_id)
         if horizon is None:
             P = E - max(int(suffix[c0:c1].max()), K)  # cached columns: the clean keys/values before the suffix
             past = _cache([(keys[r, :, :P], values[r, :, :P]) for keys, values in kv]) if P > 0 else None
         else:
             P = E - k  # the readout columns run on each copy's mixed cache
-            past = _mixed_cache(model, flat, r, x[r].masked_fill(key[r] == w[:, None], replace_id), real[r], pos[r],
-                                first[c0:c1], (last[c0:c1] + horizon + 1).clamp_max(P), P)
-        hit = key[r, P:] == w[:, None]  # [C, E - P] the positions each copy replaces
-        logits = model(x[r, P:].masked_fill(hit, replace_id), attention_mask=real[r].long(),
-                       position_ids=pos[r, P:].clamp_min(0), past_key_values=past, use_cache=past is not None,
-                       logits_to_keep=k).logits
+            past = _mixed_cache(model, flat, r, ids, real[r], pos[r], first[c0:c1],
+                                (last[c0:c1] + horizon + 1).clamp_max(P), P)
+        logits = model(ids[:, P:], attention_mask=real[r].long(), position_ids=pos[r, P:].clamp_min(0),
+                       past_key_values=past, use_cache=past is not None, logits_to_keep=k).logits
         d = divergence(clean[r], outcome(logits, sel[r, K - k :], targets[r, K - k :], mode), mode)
-        # a copy's score goes to the positions it replaces: those in the run columns, and with a horizon those before
-        hit = key[r] == w[:, None]
         scores.index_put_((r[:, None].expand_as(hit), col.expand_as(hit)), torch.where(hit, d[:, None], 0.0),
                           accumulate=True)  # a non-finite d stays in its window
         c0 = c1
@@ -160,8 +158,6 @@ def _mixed_cache(
     number ``n`` of columns ``[s_c, s_c + n)`` ending at its ``stop`` (earlier columns are unchanged tokens) on its
     row's clean cache before ``s_c``, left-padded to a common length, so a chunk pays for no spread of window
     positions across rows."""
-    from transformers import DynamicCache
-
     dev = ids.device
     E = ids.shape[1]
     n = int((stop - first).clamp_min(0).max())
@@ -174,7 +170,7 @@ def _mixed_cache(
         before = start[:, None] - P + torch.arange(P, device=dev)  # [C, P] its clean columns before them, left-padded
         kept = (before >= 0) & real.gather(1, before.clamp_min(0))
         at = base + before.clamp_min(0)
-        past = _cache([(k[at].transpose(1, 2), v[at].transpose(1, 2)) for k, v in flat]) if P else DynamicCache()
+        past = _cache([(k[at].transpose(1, 2), v[at].transpose(1, 2)) for k, v in flat] if P else [])
         rerun = model(ids.gather(1, run), attention_mask=torch.cat([kept, real.gather(1, run)], dim=1).long(),
                       position_ids=pos.gather(1, run).clamp_min(0), past_key_values=past, use_cache=True,
                       logits_to_keep=1).past_key_values
@@ -278,12 +274,7 @@ def perturbation_scores_naive(
         logits = model(x[None], attention_mask=attention_mask[b : b + 1],
                        position_ids=position_ids[b : b + 1]).logits[0].float()
         answer_pos = answer_mask[b].nonzero().squeeze(1)
-        if mode == "last":
-            return torch.log_softmax(logits[answer_pos[0] - 1], dim=-1)
-        if mode == "answer_mean":
-            return torch.log_softmax(logits[answer_pos - 1].mean(dim=0), dim=-1)
-        token_lp = torch.log_softmax(logits[answer_pos - 1], dim=-1)[torch.arange(len(answer_pos)), x[answer_pos]]
-        return token_lp.mean()
+        return _plain_outcome(logits[answer_pos - 1], x[answer_pos], mode)
 
     with torch.no_grad(), scoring_mode(model):
         for b in range(input_ids.shape[0]):
@@ -292,12 +283,7 @@ def perturbation_scores_naive(
             clean = read(input_ids[b], b)
             for w in segments[b][reasoning_mask[b]].unique():
                 window = segments[b] == w
-                new = read(input_ids[b].masked_fill(window, replace_id), b)
-                if mode == "answer_joint":
-                    score = clean - new
-                else:
-                    score = (clean.exp() * (clean - new)).sum()
-                scores[b, window] = score
+                scores[b, window] = _plain_shift(clean, read(input_ids[b].masked_fill(window, replace_id), b), mode)
     return scores
 
 
@@ -309,29 +295,20 @@ def _check_horizon(horizon: int | None) -> None:
 def _horizon_naive(model, input_ids, attention_mask, reasoning_mask, answer_mask, mode, replace_id, segments,
                    horizon) -> torch.Tensor:
     """:func:`perturbation_scores_naive` with a horizon: per copy, a full forward of the unpadded row, its keys/values
-    mixed with the clean ones, and the answer-reading positions re-run on them."""
+    mixed with the clean ones, and the positions from the first answer-predicting one re-run on them."""
     from transformers import DynamicCache
 
     scores = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
 
     def kv(x: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        out = model(x[None, :n], past_key_values=DynamicCache(), use_cache=True)
-        return [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return _layers(model(x[None, :n], past_key_values=DynamicCache(), use_cache=True).past_key_values)
 
     def read(x: torch.Tensor, layers, answer: torch.Tensor) -> torch.Tensor:
-        q0 = int(answer[0]) - 1
-        past = DynamicCache()
-        for i, (k, v) in enumerate(layers):
-            past.update(k[:, :, :q0], v[:, :, :q0], i)
-        stop = int(answer[-1]) if mode != "last" else q0 + 1
+        q0, stop = int(answer[0]) - 1, int(answer[-1])
         logits = model(x[None, q0:stop], position_ids=torch.arange(q0, stop, device=x.device)[None],
-                       past_key_values=past, use_cache=True).logits[0].float()
-        if mode == "last":
-            return torch.log_softmax(logits[0], dim=-1)
-        if mode == "answer_mean":
-            return torch.log_softmax(logits[answer - 1 - q0].mean(dim=0), dim=-1)
-        token_lp = torch.log_softmax(logits[answer - 1 - q0], dim=-1)[torch.arange(len(answer)), x[answer]]
-        return token_lp.mean()
+                       past_key_values=_cache([(k[:, :, :q0], v[:, :, :q0]) for k, v in layers]),
+                       use_cache=True).logits[0].float()
+        return _plain_outcome(logits[answer - 1 - q0], x[answer], mode)
 
     with torch.no_grad(), scoring_mode(model):
         for b in range(input_ids.shape[0]):
@@ -346,10 +323,23 @@ def _horizon_naive(model, input_ids, attention_mask, reasoning_mask, answer_mask
             for w in seg[seg >= 0].unique():
                 window = seg == w
                 xp = x.masked_fill(window, replace_id)
-                fresh = torch.arange(n, device=x.device) <= int(window.nonzero().max()) + horizon
-                mixed = [(torch.where(fresh[:, None], kp[0], kc[0]), torch.where(fresh[:, None], vp[0], vc[0]))
+                fresh = (torch.arange(n, device=x.device) <= int(window.nonzero().max()) + horizon)[:, None]
+                mixed = [(torch.where(fresh, kp[0], kc[0])[None], torch.where(fresh, vp[0], vc[0])[None])
                          for (kp, vp), (kc, vc) in zip(kv(xp, n), clean_kv, strict=True)]
-                new = read(xp, [(k[None], v[None]) for k, v in mixed], answer)
-                score = clean - new if mode == "answer_joint" else (clean.exp() * (clean - new)).sum()
-                scores[b, columns[window]] = score
+                scores[b, columns[window]] = _plain_shift(clean, read(xp, mixed, answer), mode)
     return scores
+
+
+def _plain_outcome(logits: torch.Tensor, answer_ids: torch.Tensor, mode: str) -> torch.Tensor:
+    """The outcome, written plainly, from the float32 logits ``[n, V]`` at the positions predicting the ``n`` answer
+    tokens ``answer_ids``: log P_final ``[V]`` (``last``, ``answer_mean``) or φ (``answer_joint``)."""
+    if mode == "last":
+        return torch.log_softmax(logits[0], dim=-1)
+    if mode == "answer_mean":
+        return torch.log_softmax(logits.mean(dim=0), dim=-1)
+    return torch.log_softmax(logits, dim=-1)[torch.arange(len(answer_ids)), answer_ids].mean()
+
+
+def _plain_shift(clean: torch.Tensor, new: torch.Tensor, mode: str) -> torch.Tensor:
+    """The score of one copy, written plainly: φ - φ' (``answer_joint``) or KL(P || P')."""
+    return clean - new if mode == "answer_joint" else (clean.exp() * (clean - new)).sum()
