@@ -187,3 +187,52 @@ def test_terminal_summary_is_compact_and_names_both_differences(tmp_path):
     assert lines[3].split() == ["oar-g", "40.0", "±", "127.1", "+0.0", "[±127.1]", "-5.0", "[±142.1]", "@30",
                                 "1.50"]
     assert lines[2].split() == ["grpo", "40.0", "±", "0.0", "–", "–", "1.00"]
+
+
+def test_headroom_stats_by_hand():
+    from oar.lab.stats import first_reach, mean_accuracy_until, ratio_ci
+
+    curve = [(0, 0.0, 0.2), (10, 5.0, 0.4), (20, 10.0, 0.4)]
+    assert mean_accuracy_until(curve, 20) == pytest.approx((0.3 * 10 + 0.4 * 10) / 20)
+    assert mean_accuracy_until(curve, 15) == pytest.approx((0.3 * 10 + 0.4 * 5) / 15)
+    assert mean_accuracy_until(curve, 5.0, axis=1) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="outside"):
+        mean_accuracy_until(curve, 25)
+    assert first_reach(curve, 0.3) == pytest.approx(5.0) and first_reach(curve, 0.5) is None
+    assert first_reach(curve, 0.1) == 0.0 and first_reach(curve, 0.35, axis=1) == pytest.approx(3.75)
+    r = ratio_ci({0: 1.0, 1: 3.0}, {0: 2.0, 1: 2.0})
+    assert r["mean"] == pytest.approx(1.0) and r["lo"] <= 0.5 + 1e-9 and r["hi"] >= 1.5 - 1e-9 and r["n"] == 2
+    assert ratio_ci({0: 1.0}, {0: -1.0})["mean"] is None  # no headroom: no share of it
+
+
+def test_headroom_metrics_and_credit_efficiency(tmp_path):
+    runs = {"grpo": ([0.2, 0.3, 0.4, 0.5], [0.2, 0.3, 0.4, 0.5]),
+            "oracle-blame": ([0.2, 0.5, 0.7, 0.7], [0.2, 0.4, 0.6, 0.7]),
+            "oracle-oar": ([0.2, 0.3, 0.5, 0.5], [0.2, 0.3, 0.5, 0.6]),
+            "oar-g": ([0.2, 0.4, 0.5, 0.6], [0.2, 0.3, 0.4, 0.5])}
+    dirs = {(c, s): _fake_run(tmp_path / f"{c}{s}", accs[s], 1.0, 0.5) for c, accs in runs.items() for s in (0, 1)}
+    res = summarize_comparison(dirs)
+    a = res["credits"]
+    # mean accuracy over 30 updates (trapezoids): grpo (0.25 + 0.35 + 0.45) / 3
+    assert a["grpo"]["auc_updates"]["mean"] == pytest.approx(0.35)
+    blame = ((0.35 + 0.6 + 0.7) / 3 + (0.3 + 0.5 + 0.65) / 3) / 2
+    assert a["oracle-blame"]["auc_updates_diff"]["mean"] == pytest.approx(blame - 0.35)
+    assert a["oracle-blame"]["auc_seconds"]["mean"] == pytest.approx(a["oracle-blame"]["auc_updates"]["mean"])
+    # 90% of grpo's gain (0.2 -> 0.45 final): 0.425; grpo reaches it between steps 20 and 30 (0.4 -> 0.5)
+    assert a["grpo"]["steps_to_gain"]["mean"] == pytest.approx(22.5) and a["grpo"]["reached_gain"] == "2/2"
+    assert a["oracle-blame"]["steps_to_gain"]["mean"] == pytest.approx((0.225 / 0.3 * 10 + 10 + 0.025 / 0.2 * 10) / 2)
+    # best oracle = oracle-blame; finals (last two evals): blame 0.7 / 0.65, grpo 0.45 / 0.45, oar-g 0.55 / 0.45
+    assert a["oar-g"]["best_oracle"] == "oracle-blame" and a["oar-g"]["efficiency_step"] == 30
+    assert a["oar-g"]["efficiency_updates"]["mean"] == pytest.approx((0.1 + 0.0) / (0.2 + 0.2))
+    assert a["oar-g"]["efficiency_budget"]["mean"] == pytest.approx(0.05 / 0.225)
+    assert a["oracle-blame"]["efficiency_updates"]["mean"] == pytest.approx(1.0)
+    assert a["grpo"]["efficiency_updates"]["mean"] == pytest.approx(0.0)
+    table = format_results_table(res)
+    assert "Best oracle: oracle-blame" in table and "| 0.25 [0.00, 0.50] @30 | 0.22 [" in table
+
+
+def test_no_oracle_means_no_efficiency(tmp_path):
+    dirs = {("grpo", 0): _fake_run(tmp_path / "g0", [0.2, 0.3, 0.4], 1.0, 0.5),
+            ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2, 0.4, 0.4], 1.0, 0.5)}
+    a = summarize_comparison(dirs)["credits"]["oar-g"]
+    assert "efficiency_updates" not in a and a["auc_updates_diff"]["mean"] == pytest.approx(0.05)

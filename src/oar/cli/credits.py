@@ -17,6 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import importlib
 
+    import oar.lab  # noqa: F401  (registers the lab's oracle credits)
     from oar.credit import credit_table
 
     for module in args.modules:

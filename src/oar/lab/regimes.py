@@ -2,7 +2,8 @@
 
 Each regime is a set of :class:`oar.lab.task.TaskConfig` overrides applied to the warm start's task (the RL
 problems use the same task without slips). ``default`` and ``terse`` are the control regimes of the first
-study; ``long``, ``distract`` and ``verbose`` are the regime study's (docs/lab.md: protocol, tuning log, results).
+study; ``long``, ``distract`` and ``verbose`` are the regime study's (docs/lab.md: protocol, tuning log, results);
+``chain10`` is the headroom scan's (docs/lab.md, "Credit headroom").
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ REGIMES: dict[str, dict] = {
     "long": {"min_steps": 6, "max_steps": 8},  # one slipped step among many right ones (slip-rate warm start)
     "distract": {"distractors": 1},  # number-holding commentary the answer never uses
     "verbose": {"verbosity": 3},  # most tokens are filler
+    "chain10": {"min_steps": 8, "max_steps": 10},  # the headroom scan's longest chains (docs/lab.md, headroom)
 }
 
 

@@ -46,3 +46,54 @@ def accuracy_at(curve: list[tuple[int, float, float]], step: float) -> float:
     if not steps[0] <= step <= steps[-1]:
         raise ValueError(f"step {step} is outside the evaluated range {steps[0]}..{steps[-1]}")
     return float(np.interp(step, steps, accs))
+
+
+def _points(curve: list[tuple[int, float, float]], axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x, accuracy) of a run's evaluations along ``axis`` (0: updates, 1: training seconds)."""
+    return np.array([p[axis] for p in curve], dtype=float), np.array([p[2] for p in curve], dtype=float)
+
+
+def mean_accuracy_until(curve: list[tuple[int, float, float]], until: float, axis: int = 0) -> float:
+    """Normalised area under a run's held-out accuracy from its first evaluation to ``until`` along ``axis``
+    (0: updates, 1: training seconds), i.e. the mean accuracy over that range (trapezoids on the curve
+    interpolated linearly between evaluations). ValueError when ``until`` lies outside the evaluated range."""
+    x, y = _points(curve, axis)
+    if not x[0] < until <= x[-1]:
+        raise ValueError(f"until={until} is outside the evaluated range ({x[0]}, {x[-1]}]")
+    keep = x < until
+    xs, ys = np.append(x[keep], until), np.append(y[keep], np.interp(until, x, y))
+    return float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2) / (xs[-1] - xs[0]))
+
+
+def first_reach(curve: list[tuple[int, float, float]], target: float, axis: int = 0) -> float | None:
+    """Where along ``axis`` (0: updates, 1: training seconds) a run's held-out accuracy first reaches ``target``,
+    interpolated linearly between the two evaluations that straddle it; None if it never does."""
+    x, y = _points(curve, axis)
+    hits = np.nonzero(y >= target)[0]
+    if not hits.size:
+        return None
+    i = int(hits[0])
+    if i == 0:
+        return float(x[0])
+    return float(x[i - 1] + (target - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))
+
+
+def ratio_ci(num: dict[int, float], den: dict[int, float], resamples: int = 2000,
+             seed: int = 0) -> dict[str, float | None]:
+    """``mean(num) / mean(den)`` over the seeds both hold, with a 95% percentile bootstrap interval that resamples
+    seeds (paired: one draw picks the same seeds for both). ``num``/``den``: seed -> value. ``mean`` is None when
+    the mean denominator is <= 0 (no headroom to share); a bootstrap draw with a denominator <= 0 is dropped and
+    ``dropped`` counts them."""
+    seeds = sorted(set(num) & set(den))
+    a, b = np.array([num[s] for s in seeds]), np.array([den[s] for s in seeds])
+    out: dict[str, float | None] = {"mean": None, "lo": None, "hi": None, "n": len(seeds), "dropped": 0}
+    if not seeds or b.mean() <= 0:
+        return out
+    out["mean"] = float(a.mean() / b.mean())
+    if len(seeds) > 1:
+        idx = np.random.default_rng(seed).integers(0, len(seeds), size=(resamples, len(seeds)))
+        da, db = a[idx].mean(axis=1), b[idx].mean(axis=1)
+        ok = db > 0
+        r = da[ok] / db[ok]
+        out.update(lo=float(np.percentile(r, 2.5)), hi=float(np.percentile(r, 97.5)), dropped=int((~ok).sum()))
+    return out

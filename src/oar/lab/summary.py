@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from oar.files import read_jsonl
-from oar.lab.stats import accuracy_at, diff_ci, mean_ci
+from oar.lab.stats import accuracy_at, diff_ci, first_reach, mean_accuracy_until, mean_ci, ratio_ci
+
+ORACLE_PREFIX = "oracle-"  # columns whose credit starts so are the headroom's upper bounds (oar.lab.oracle)
+GAIN_SHARE = 0.9  # updates to reach this share of the reference's final gain
 
 
 def _mean_key(rows: list[dict], key: str) -> float:
@@ -71,8 +74,69 @@ def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str =
         agg["steps_to_ref"] = mean_ci([r["steps_to_ref"] for r in reached]) if reached else None
         agg["seconds_to_ref"] = mean_ci([r["seconds_to_ref"] for r in reached]) if reached else None
         by_credit[c] = agg
+    if ref_runs:
+        _add_headroom(per_run, by_credit, reference)
     return {"reference": reference, "reference_final_accuracy": target, "credits": by_credit,
             "runs": list(per_run.values())}
+
+
+def is_oracle(column: str) -> bool:
+    """Whether a comparison column is an oracle credit (``oracle-NAME``, with or without ``@options``)."""
+    return column.partition("@")[0].startswith(ORACLE_PREFIX)
+
+
+def _add_headroom(per_run: dict, by_credit: dict, reference: str) -> None:
+    """Headroom metrics per credit, added to ``by_credit`` in place (docs/lab.md, "Credit headroom"):
+
+    ``auc_updates`` / ``auc_seconds``: mean held-out accuracy over the first ``matched_step`` updates / over the
+    training seconds both credits ran (the normalised area under the curve), per credit and its Welch difference
+    to the reference (``*_diff``); ``steps_to_gain`` / ``seconds_to_gain``: updates and seconds to reach
+    ``GAIN_SHARE`` of the reference's mean final gain (runs that never do are counted in ``reached_gain``);
+    with oracle columns, ``efficiency_updates`` / ``efficiency_budget``: (credit − reference) / (best oracle −
+    reference) at a step every run of the three made / at the end of the budget, with a paired bootstrap CI over
+    seeds (:func:`oar.lab.stats.ratio_ci`). The best oracle is the one with the largest ``matched_diff``.
+    """
+    def runs(credit: str) -> dict[int, dict]:
+        return {s: r for (c, s), r in per_run.items() if c == credit}
+
+    ref = runs(reference)
+    start = sum(r["start_accuracy"] for r in ref.values()) / len(ref)
+    final = sum(r["final_accuracy"] for r in ref.values()) / len(ref)
+    target = start + GAIN_SHARE * (final - start)
+    for c, agg in by_credit.items():
+        mine = runs(c)
+        budget = min(r["curve"][-1][1] for r in [*mine.values(), *ref.values()])
+        for key, until, axis in (("auc_updates", agg["matched_step"], 0), ("auc_seconds", budget, 1)):
+            if any(r["curve"][0][axis] >= until for r in [*mine.values(), *ref.values()]):  # nothing to average
+                agg[key] = agg[f"{key}_diff"] = None
+                continue
+            a = [mean_accuracy_until(r["curve"], until, axis) for r in mine.values()]
+            b = [mean_accuracy_until(r["curve"], until, axis) for r in ref.values()]
+            agg[key], agg[f"{key}_diff"] = mean_ci(a), diff_ci(a, b)
+        for key, axis in (("steps_to_gain", 0), ("seconds_to_gain", 1)):
+            hits = [h for r in mine.values() if (h := first_reach(r["curve"], target, axis)) is not None]
+            agg[key] = mean_ci(hits) if hits else None
+        agg["reached_gain"] = f"{len(hits)}/{len(mine)}"
+    oracles = [c for c in by_credit if is_oracle(c)]
+    if not oracles:
+        return
+    best = max(oracles, key=lambda c: by_credit[c]["matched_diff"]["mean"])
+    top = runs(best)
+
+    def gap(rs: dict[int, dict], step: int) -> dict[int, float]:  # per seed: accuracy after `step` updates - ref's
+        return {s: accuracy_at(r["curve"], step) - accuracy_at(ref[s]["curve"], step)
+                for s, r in rs.items() if s in ref}
+
+    def fin(rs: dict[int, dict]) -> dict[int, float]:  # per seed: final accuracy - ref's
+        return {s: r["final_accuracy"] - ref[s]["final_accuracy"] for s, r in rs.items() if s in ref}
+
+    for c, agg in by_credit.items():
+        mine = runs(c)
+        step = min(r["curve"][-1][0] for r in [*mine.values(), *ref.values(), *top.values()])
+        agg["best_oracle"] = best
+        agg["efficiency_step"] = step
+        agg["efficiency_updates"] = ratio_ci(gap(mine, step), gap(top, step))
+        agg["efficiency_budget"] = ratio_ci(fin(mine), fin(top))
 
 
 def _fmt(s: dict | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -109,10 +173,50 @@ def format_results_table(results: dict) -> str:
             f"| {_fmt(a['seconds_to_ref'], 1, 0)} | {_fmt(a['grad_norm'], 1, 2)} | {_fmt(a['grad_clipped'], 100, 0)}% "
             f"| {_fmt(a['ess_ratio'], 1, 2)} | {_fmt(a['final_entropy'], 1, 3)} |")
     ref = results["reference_final_accuracy"]
+    headroom = format_headroom_table(results)
     notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, in points, mean ± std over seeds [95% CI "
              f"half-width]; Δ: difference of means vs {ref_name} [Welch 95% CI]; matched step: the fewest updates "
              f"any run of that credit or of {ref_name} made (accuracy interpolated between evaluations); "
              f"ref = {ref_name} final mean ({ref * 100:.1f})." if ref is not None else ""]
+    return "\n".join(lines + [""] + notes) + "\n" + (f"\n{headroom}" if headroom else "")
+
+
+def _fmt_ratio(e: dict | None) -> str:
+    if not e or e["mean"] is None:
+        return "–"
+    ci = f" [{e['lo']:.2f}, {e['hi']:.2f}]" if e.get("lo") is not None else ""
+    return f"{e['mean']:.2f}{ci}"
+
+
+def format_headroom_table(results: dict) -> str:
+    """The headroom metrics (``_add_headroom``) as a Markdown table; empty without a reference."""
+    rows = [(c, a) for c, a in results["credits"].items() if "auc_updates" in a]
+    if not rows:
+        return ""
+    ref = results["reference"]
+    oracle = any("efficiency_updates" in a for _, a in rows)
+    head = (f"| credit | mean acc over updates (Δ vs {ref}) | mean acc over seconds (Δ) | updates to "
+            f"{GAIN_SHARE:.0%} of {ref}'s gain | seconds to it |" + (" credit efficiency, same updates | same budget |"
+                                                                   if oracle else ""))
+    lines = ["Headroom: " + ("credit efficiency = (credit − ref) / (best oracle − ref)." if oracle else ""),
+             "", head, "|" + "---|" * (head.count("|") - 1)]
+    for c, a in rows:
+        cells = [c]
+        for key in ("auc_updates", "auc_seconds"):
+            cells.append(f"{_fmt(a[key], 100)} ({_fmt_diff(a[f'{key}_diff'])})" if a[key] else "–")
+        cells += [f"{_fmt(a['steps_to_gain'], 1, 0)} ({a['reached_gain']})", _fmt(a["seconds_to_gain"], 1, 0)]
+        if oracle:
+            cells += [f"{_fmt_ratio(a['efficiency_updates'])} @{a['efficiency_step']}",
+                      _fmt_ratio(a["efficiency_budget"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    best = next((a["best_oracle"] for _, a in rows if "best_oracle" in a), None)
+    notes = [f"Mean accuracy over updates: the normalised area under held-out accuracy over the first `matched "
+             f"step` updates; over seconds: over the training seconds both runs had; Δ: Welch 95% CI; updates and "
+             f"seconds to reach {GAIN_SHARE:.0%} of {ref}'s mean final gain (interpolated; runs that reached it)."]
+    if best:
+        notes.append(f"Best oracle: {best}. Efficiency [95% paired bootstrap over seeds]: at the fewest updates any "
+                     f"run of the credit, {ref} or {best} made (@step), and at the end of the budget; – where the "
+                     f"oracle does not beat {ref}.")
     return "\n".join(lines + [""] + notes) + "\n"
 
 

@@ -208,6 +208,12 @@ def first_wrong_step(prompt: str, completion: str) -> tuple[int, int] | None:
     return None
 
 
+def step_digit_positions(text: str) -> list[int]:
+    """Character positions of the digits of every written step ``a±b=c`` in ``text`` (operands and results: the
+    tokens the answer is computed from, the ``PIVOTAL`` label of a worked solution, for any sampled text)."""
+    return [i for m in STEP_RE.finditer(text) for g in (1, 3, 4) for i in range(m.start(g), m.end(g))]
+
+
 def extract_int(completion: str) -> int | None:
     """The integer in the completion's last ``\\boxed{}`` (via the shared answer locator), or None."""
     from oar.answer_span import locate_answer

@@ -27,3 +27,10 @@ def build_char_tokenizer(alphabet: str = PRINTABLE, padding_side: str = "left"):
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, bos_token=BOS)
     tok.padding_side = padding_side
     return tok
+
+
+def decode_chars(ids: list[int], alphabet: str = PRINTABLE, special: str = "\x00") -> str:
+    """The text of lab token ids ``ids``, one character per token (``<pad>``/``<eos>``/``<bos>`` and unknown ids
+    become ``special``), so character ``i`` is token ``i``: the inverse of :func:`build_char_tokenizer`'s vocabulary."""
+    chars = list(dict.fromkeys(alphabet))
+    return "".join(chars[i - 3] if 3 <= i < len(chars) + 3 else special for i in ids)

@@ -1,0 +1,110 @@
+"""Oracle credits: token credit read off the lab task's ground truth, an upper bound for every learned credit.
+
+The lab knows what no scorer knows: which written step of a sampled completion is the first wrong one
+(:func:`oar.lab.task.first_wrong_step`) and which tokens the answer is computed from (the digits of the written
+steps, :func:`oar.lab.task.step_digit_positions`). Registered as credits when :mod:`oar.lab` is imported, they run
+under the same trainer, combine modes and controls as any other credit (docs/lab.md, "Credit headroom"):
+
+- ``oracle-blame``: a failed completion (``A < 0``) with a wrong written step puts ``floor`` on its correct prefix
+  and the rest of the mass (masked mean 1) on the first wrong step and everything after it; other rows uniform.
+- ``oracle-process``: the process-supervision form: weight 0 on the correct prefix, 1 from the first wrong step on
+  (mass not preserved); other rows uniform.
+- ``oracle-oar``: OAR's own Bi-Level reshaping (OAR_SPEC §4, same probe, mask and defaults as ``oar-g``) of
+  perfect importance: 1 on the step digits of the reasoning, 0 elsewhere, on every scored row. It separates OAR's
+  reshaping rule from OAR's attribution.
+
+Lab-only: the texts are the lab's one-character-per-token ids (:func:`oar.lab.tokenizer.decode_chars`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oar.credit import CreditBatch, register_credit
+from oar.lab.task import first_wrong_step, step_digit_positions
+from oar.lab.tokenizer import decode_chars
+from oar.reshape import BETA, FLOOR, TAU
+
+ORACLE_PAPER = "upper bound of this project (lab ground truth)"
+PROCESS_PAPER = "process supervision's first-error labels (Lightman et al., arXiv 2305.20050) as credit"
+
+
+def blame_mask(batch: CreditBatch) -> torch.Tensor:
+    """``[B, T]`` bool: for each failed completion (``advantages < 0``) with a wrong written step, the tokens from
+    the start of its first wrong step to its end (within ``completion_mask``); all False on other rows."""
+    if batch.advantages is None:
+        raise ValueError("oracle credits need CreditBatch.advantages (the rows with A < 0 are the failed ones)")
+    cmask = batch.completion_mask.bool()
+    out = torch.zeros_like(cmask)
+    for r in (batch.advantages < 0).nonzero().squeeze(1).tolist():
+        prompt = decode_chars(batch.prompt_ids[r][batch.prompt_mask[r].bool()].tolist())
+        completion = decode_chars(batch.completion_ids[r].tolist())  # char i = token i
+        span = first_wrong_step(prompt, completion)
+        if span is not None:
+            out[r, span[0]:] = cmask[r, span[0]:]
+    return out
+
+
+def blame_scores(batch: CreditBatch) -> torch.Tensor:
+    """``[B, T]`` float32: 1 on :func:`blame_mask`, 0 elsewhere."""
+    return blame_mask(batch).float()
+
+
+def _split(scores: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The flagged tokens (``scores > 0.5`` within ``mask``), their count and the unflagged count per row, and
+    whether a row has both (only such rows are reshaped)."""
+    flagged = mask & (scores > 0.5)
+    n1, n0 = flagged.sum(dim=1, keepdim=True), (mask & ~flagged).sum(dim=1, keepdim=True)
+    return flagged, n1, n0
+
+
+def mass_on_flagged(scores: torch.Tensor, mask: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
+    """``[B, T]`` weights: ``floor`` on a row's unflagged tokens, the rest of the mass spread evenly over its flagged
+    ones (masked mean exactly 1); rows without both kinds of token stay at 1."""
+    if not 0.0 <= floor <= 1.0:
+        raise ValueError(f"floor must be in [0, 1], got {floor!r}")
+    flagged, n1, n0 = _split(scores, mask)
+    high = (n1 + n0 - n0 * floor) / n1.clamp_min(1)
+    w = torch.where(flagged, high.to(torch.float32), torch.full_like(scores, floor, dtype=torch.float32))
+    return torch.where((n1 > 0) & (n0 > 0), w, torch.ones_like(w))
+
+
+def flagged_only(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` weights: 1 on a row's flagged tokens, 0 on the rest (mass not preserved); rows without both
+    kinds of token stay at 1."""
+    flagged, n1, n0 = _split(scores, mask)
+    return torch.where((n1 > 0) & (n0 > 0), flagged.float(), torch.ones_like(scores, dtype=torch.float32))
+
+
+def pivotal_scores(model: torch.nn.Module | None, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   reasoning_mask: torch.Tensor, answer_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` float32 on outcome probes: 1 on the reasoning tokens that are digits of a written step
+    (:func:`oar.lab.task.step_digit_positions`), 0 elsewhere (the model is not used)."""
+    scores = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    for r in range(input_ids.shape[0]):
+        cols = reasoning_mask[r].nonzero().squeeze(1)
+        digits = step_digit_positions(decode_chars(input_ids[r, cols].tolist()))
+        scores[r, cols[digits]] = 1.0
+    return scores
+
+
+register_credit(
+    "oracle-blame", combine="multiply", needs_policy=False, needs_probe=False, passes="0 (lab ground truth)",
+    paper=ORACLE_PAPER, effect=mass_on_flagged, options={"floor": FLOOR},
+    summary="failed rows with a wrong written step: floor on the correct prefix, the mass on the first wrong "
+            "step and after (mean 1); other rows uniform",
+)(blame_scores)
+
+register_credit(
+    "oracle-process", combine="multiply", needs_policy=False, needs_probe=False, passes="0 (lab ground truth)",
+    paper=PROCESS_PAPER, effect=flagged_only,
+    summary="failed rows with a wrong written step: 0 on the correct prefix, 1 from the first wrong step on "
+            "(mass not preserved); other rows uniform",
+)(blame_scores)
+
+register_credit(
+    "oracle-oar", combine="multiply", needs_policy=False, needs_probe=True, passes="0 (lab ground truth)",
+    paper=f"{ORACLE_PAPER}; OAR's Bi-Level reshaping (arXiv 2601.07408)",
+    summary="OAR's Bi-Level weights of perfect importance: 1 on the digits of written steps, 0 elsewhere",
+    options={"tau": TAU, "beta": BETA, "floor": FLOOR},
+)(pivotal_scores)
