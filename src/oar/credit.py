@@ -33,7 +33,7 @@ from oar.reshape import BETA, FLOOR, TAU, bilevel_weights
 COMBINES = ("multiply", "mask", "add", "replace")
 INVERTS = ("row", "batch", "negate")
 CONTROLS = ("shuffle", "inverted")
-CONTEXT = ("generator", "active", "batch_size", "batch")  # passed by token_credit to a score/effect that takes them
+CONTEXT = ("generator", "active", "batch_size", "batch", "probe")  # passed by token_credit to a score/effect that takes them
 FLAG_KEYS = ("scored", "no_answer", "too_short", "too_long", "truncated", "nonfinite", "uniform")
 
 
@@ -122,7 +122,8 @@ def register_credit(
     weights (``combine`` ``"multiply"``: e.g. mass-preserving weights, ``"mask"``: 0/1), offsets (``"add"``) or
     token advantages (``"replace"``); default Bi-Level reshaping (OAR_SPEC §4). Options are declared with their
     defaults in ``options`` and routed by name to ``score`` and/or ``effect``; each also gets the context it
-    names in its signature (``generator``, ``active``, ``batch_size``, ``batch``: the :class:`CreditBatch`).
+    names in its signature (``generator``, ``active``, ``batch_size``, ``batch``: the :class:`CreditBatch`, ``probe``: the
+    outcome probe).
 
     Args:
         combine: how the effect meets the sequence advantage (``Â = A · w``, ``Â = A + δ`` or ``Â = δ``).
@@ -410,7 +411,7 @@ def _probe_chunk(m: CreditMethod, batch: CreditBatch, idx: torch.Tensor, probe: 
                      batch.completion_mask[idx], references=refs)
     if pb.valid.any():
         s = _call(m.score, batch.model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
-                  options=opts, generator=generator).detach()
+                  options=opts, generator=generator, probe=probe).detach()
     else:
         s = torch.zeros(pb.input_ids.shape, device=pb.input_ids.device)
     keep = pb.completion_reasoning_mask & pb.valid[:, None]

@@ -1,6 +1,6 @@
 """The built-in credit methods, registered with :func:`oar.credit.register_credit` on import.
 
-OAR (arXiv 2601.07408): ``oar-g``, ``oar-p``; baselines on the same probe: ``entropy``, ``random``; plain GRPO:
+OAR (arXiv 2601.07408): ``oar-g``, ``oar-p``; its extension ``oar-prefix``; baselines on the same probe: ``entropy``, ``random``; plain GRPO:
 ``grpo``; peer methods, each from its paper: ``entropy-mask``, ``gtpo``, ``ktae``, ``cf-span``
 (:mod:`oar.peers`). The docs' method table (``docs/credits.md``) lists what each computes and costs.
 """
@@ -11,6 +11,7 @@ import torch
 
 from oar.credit import CreditBatch, register_credit
 from oar.importance import entropy_scores, gradient_scores, perturbation_scores, random_scores
+from oar.importance.prefix import SEPARATOR, prefix_scores
 from oar.reshape import BETA, FLOOR, TAU
 
 OAR_PAPER = "Outcome-Grounded Advantage Reshaping, arXiv 2601.07408"
@@ -46,6 +47,16 @@ register_credit(
     summary="KL of the outcome when the token is replaced by pad (counterfactual), Bi-Level weights",
     options={"mode": "last", "replace_id": None, "chunk_size": 16, "span": None, "horizon": None, **BILEVEL},
 )(perturbation_scores)
+
+register_credit(
+    "oar-prefix", combine="multiply", needs_policy=True, needs_probe=True,
+    passes="1 forward per scorer batch + per step boundary the conclude text and answer (a few tokens) on the "
+           "row's cached prefix",
+    paper=f"extension of this project on {OAR_PAPER}: the answer read after each step's prefix",
+    summary="|change of the answer's log-probability across the token's step| with the probe cut after each step, "
+            "Bi-Level weights",
+    options={"separator": SEPARATOR, "boundary_ids": None, "chunk_size": 64, **BILEVEL},
+)(prefix_scores)
 
 register_credit(
     "entropy", combine="multiply", needs_policy=True, needs_probe=True, passes="1 forward per scorer batch",
