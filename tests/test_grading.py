@@ -135,6 +135,7 @@ BARE_SHAPES = [
     ("50\\%", "0.5", True), ("\\$18", "18", True), ("10^\\circ", "10", True),
     ("(C)", "C", True), ("\\text{(C)}", "C", True), ("6 \\text{apples}", "6", True),
     ("1+5", "6", True),  # an arithmetic expression, as math-verify reads \boxed{1+5}
+    ("$69$, $84$", "69, 84", True), ("$69$, $84$", "69", False), ("k \\geqslant 2", "k\\geq2", True),
     ("1+5 is 6, \\boxe+2, \\boxe", "6", False), ("The sum is 1+5", "6", False), ("6 apples", "6", False),
     ("I added them and got 6", "6", False), ("Adding them.\n6", "6", False), ("6\n6", "6", False),
     ("so 6", "6", False), ("\\boxe+2", "2", False), ("6?", "6", False), ("答案 6", "6", False),

@@ -14,10 +14,10 @@ MAX_ANSWER_CHARS = 1000  # longer extracted answers are only compared as strings
 # A bare answer (a completion with no final-answer statement) must be one plain math expression: these LaTeX
 # commands, single letters (variables, choices), function names, digits and operators; no words.
 _MATH_COMMANDS = frozenset(
-    "frac dfrac tfrac sqrt pi infty left right cdot times div pm mp le leq ge geq ne neq lt gt approx circ degree "
-    "cup cap in notin subset subseteq emptyset varnothing setminus mid to dots ldots cdots binom dbinom lfloor "
-    "rfloor lceil rceil angle overline bar hat vec prime mathbb mathbf displaystyle sin cos tan cot sec csc "
-    "arcsin arccos arctan log ln exp max min gcd lcm mod pmod big Big "
+    "frac dfrac tfrac sqrt pi infty left right cdot times div pm mp le leq leqslant ge geq geqslant ne neq lt gt "
+    "approx circ degree quad qquad nmid cup cap in notin subset subseteq emptyset varnothing setminus mid to dots "
+    "ldots cdots binom dbinom lfloor rfloor lceil rceil angle overline bar hat vec prime mathbb mathbf displaystyle "
+    "sin cos tan cot sec csc arcsin arccos arctan log ln exp max min gcd lcm mod pmod big Big "
     "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma "
     "tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split()
 )
@@ -26,7 +26,7 @@ _TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\{[^{}]*\}
 _ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[A-Za-z]*\*?\}")
 _COMMAND = re.compile(r"\\(?:([A-Za-z]+)|[{}%$,;:! \\|])")
 _LETTERS = re.compile(r"[A-Za-z]+")
-_MATH_CHARS = re.compile(r"[0-9A-Za-z\s+\-*/^_=<>()\[\]{}|,.;:!'%&]*")
+_MATH_CHARS = re.compile(r"[0-9A-Za-z\s+\-*/^_=<>()\[\]{}|,.;:!'%&$]*")
 
 
 def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
