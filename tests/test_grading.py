@@ -109,10 +109,47 @@ def test_normalize_gold(raw, expected):
         ("\\text{Monday and Tuesday}", "\\text{Monday and Tuesday}"),
         ("I think it is \\boxed{12", None),  # cut off inside the box
         ("", None),
+        # no final-answer statement: the whole text is the answer only when it is one plain expression
+        (" 6 \n", "6"), ("$-3$", "-3"), ("\\(x=2\\)", "x=2"), ("\\[\\frac{3}{4}\\]", "\\frac{3}{4}"),
+        ("$$2\\sqrt{2}$$", "2\\sqrt{2}"), ("6 \\text{apples}", "6 \\text{apples}"), ("\\sin x + 2", "\\sin x + 2"),
+        ("1+5 is 6, \\boxe+2, \\boxe", None), ("The sum is 1+5", None), ("6 apples", None), ("so 6", None),
+        ("\\boxe+2", None), ("\\boxed{6", None), ("Adding them.\n6", None), ("6\n7", None), ("6?", None),
+        ("xy", None), ("$6$ or $7$", None), ("1" * 1001, None),
     ],
 )
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+# A completion with no final-answer statement ("\\boxed{...}", "the answer is ...", "#### ...") earns the reward
+# only when its whole text is one plain answer: digits, operators, brackets, single letters, LaTeX math commands,
+# \\text{} groups; one word outside \\text{} or a second line makes it prose with no answer.
+BARE_SHAPES = [
+    ("6", "6", True), (" 6 \n", "6", True), ("\t6\t", 6, True), ("$6$", "6", True), ("6.", "6", True),
+    ("7", "6", False), ("-3", "-3", True), ("$-3$", -3.0, True), ("-3", "3", False), ("1,000", "1000", True),
+    ("\\frac{1}{2}", "0.5", True), ("\\frac{1}{2}", "1/2", True), ("1/2", "\\frac12", True),
+    ("\\frac{1}{3}", "0.33", False), ("$x=2$", "2", True), ("\\(x=2\\)", "2", True),
+    ("\\[\\frac{3}{4}\\]", "0.75", True), ("2\\sqrt{2}", "\\sqrt{8}", True), ("x^2+2x+1", "(x+1)^2", True),
+    ("(-\\infty, 3]", "(-\\infty,3]", True), ("\\{1, 2\\}", "\\{2,1\\}", True),
+    ("\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}", "\\begin{pmatrix}1\\\\-2\\end{pmatrix}", True),
+    ("50\\%", "0.5", True), ("\\$18", "18", True), ("10^\\circ", "10", True),
+    ("(C)", "C", True), ("\\text{(C)}", "C", True), ("6 \\text{apples}", "6", True),
+    ("1+5", "6", True),  # an arithmetic expression, as math-verify reads \boxed{1+5}
+    ("$69$, $84$", "69, 84", True), ("$69$, $84$", "69", False), ("k \\geqslant 2", "k\\geq2", True),
+    ("1+5 is 6, \\boxe+2, \\boxe", "6", False), ("The sum is 1+5", "6", False), ("6 apples", "6", False),
+    ("I added them and got 6", "6", False), ("Adding them.\n6", "6", False), ("6\n6", "6", False),
+    ("so 6", "6", False), ("\\boxe+2", "2", False), ("6?", "6", False), ("答案 6", "6", False),
+    ("\\boxed{6", "6", False),  # cut off inside the box: no answer
+    ("\\boxed{6}", "6", True), ("the answer is 6", "6", True), ("Adding them.\nThe answer is 6", "6", True),
+    ("We get 1+5 is 6, so\n#### 6", "6", True), ("Adding them.\n\\boxed{-\\frac{1}{2}}", "-0.5", True),
+]
+
+
+def test_bare_answers_are_whole_text_plain_answers():
+    completions, golds, expected = zip(*BARE_SHAPES, strict=True)
+    got = grade_answers(list(completions), list(golds))
+    assert [(c, g) for c, g, e, ok in zip(completions, golds, expected, got, strict=True) if e != ok] == []
+    assert math_reward(None, ["1+5 is 6, \\boxe+2, \\boxe", "6", "\\boxed{6}"], answer=["6"] * 3) == [0.0, 1.0, 1.0]
 
 
 EQUIVALENT = [
@@ -224,19 +261,26 @@ def test_mismatched_lengths_and_bad_rows_raise():
 
 
 def test_math_reward_drives_trl_grpo(tmp_path, char_tokenizer):
+    """math_reward and format_reward plug into TRL's GRPOTrainer on raw GSM8K-like gold solutions: fixed completions
+    earn known rewards, and in a real step TRL hands the rewards the sampled completions with the dataset's answer
+    column and logs their grades (whatever the model samples)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from trainer_setup import grpo_kwargs, task_rows, warm_tiny_lm
 
+    rows = [{"prompt": r["prompt"], "answer": f"Work.\n#### {r['answer']}"} for r in task_rows(16)]
+    fixed = ["3+4 is 7, \\boxed{7}", "3+4 is 7, \\boxed{8}", "3+4 is 7, \\boxed{7", "3+4 is 7, \\boxe+2, \\boxe", "7",
+             "3+4 is 7"]
+    assert math_reward(None, fixed, answer=["Work.\n#### 7"] * 6) == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert format_reward(None, fixed) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
     seen = []
 
     def spy(prompts, completions, answer, **kwargs):  # what TRL hands to a reward function
-        seen.extend(zip(completions, answer, strict=True))
+        seen.extend(zip(prompts, completions, answer, strict=True))
         return [0.0] * len(completions)
 
-    # GSM8K-like raw gold solutions
-    rows = [{"prompt": r["prompt"], "answer": f"Work.\n#### {r['answer']}"} for r in task_rows(16)]
     trainer = GRPOTrainer(
         model=warm_tiny_lm(char_tokenizer),
         processing_class=char_tokenizer,
@@ -247,7 +291,10 @@ def test_math_reward_drives_trl_grpo(tmp_path, char_tokenizer):
     trainer.train()
     logged = trainer.state.log_history[0]
     assert len(seen) == 8
-    expected_math = sum(extract_answer(c) == normalize_gold(a) for c, a in seen) / len(seen)
-    expected_format = sum("\\boxed{" in c and c.rstrip().endswith("}") for c, _ in seen) / len(seen)
+    gold_of = {r["prompt"]: r["answer"] for r in rows}
+    assert all(isinstance(c, str) and a == gold_of[p] for p, c, a in seen)  # the answer column, row by row
+    completions, golds = [c for _, c, _ in seen], [a for _, _, a in seen]
+    expected_math = sum(grade_answers(completions, golds)) / len(seen)
+    expected_format = sum(format_reward(None, completions)) / len(seen)
     assert math.isclose(logged["rewards/math_reward/mean"], expected_math, abs_tol=1e-6)
     assert math.isclose(logged["rewards/format_reward/mean"], expected_format, abs_tol=1e-6)

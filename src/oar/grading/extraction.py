@@ -11,10 +11,22 @@ from oar.answer_span import locate_answer
 
 MAX_ANSWER_CHARS = 1000  # longer extracted answers are only compared as strings
 
-# three words in a row; a match starts only at the start of a run of letters and the quantifiers are possessive,
-# so the search is linear in the text (a 10^6-letter line takes milliseconds, not hours)
-_PROSE = re.compile(r"(?<![A-Za-z])[A-Za-z]{2,}+\s++[A-Za-z]{2,}+\s++[A-Za-z]{2,}")
-_TEXT = re.compile(r"\\(?:text|mathrm|mbox)\{[^{}]*\}")
+# A bare answer (a completion with no final-answer statement) must be one plain math expression: these LaTeX
+# commands, single letters (variables, choices), function names, digits and operators; no words.
+_MATH_COMMANDS = frozenset(
+    "frac dfrac tfrac sqrt pi infty left right cdot times div pm mp le leq leqslant ge geq geqslant ne neq lt gt "
+    "approx circ degree quad qquad nmid cup cap in notin subset subseteq emptyset varnothing setminus mid to dots "
+    "ldots cdots binom dbinom lfloor rfloor lceil rceil angle overline bar hat vec prime mathbb mathbf displaystyle "
+    "sin cos tan cot sec csc arcsin arccos arctan log ln exp max min gcd lcm mod pmod big Big "
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma "
+    "tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split()
+)
+_FUNCTIONS = frozenset("sin cos tan cot sec csc arcsin arccos arctan log ln exp sqrt pi max min gcd lcm mod".split())
+_TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\{[^{}]*\}")
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[A-Za-z]*\*?\}")
+_COMMAND = re.compile(r"\\(?:([A-Za-z]+)|[{}%$,;:! \\|])")
+_LETTERS = re.compile(r"[A-Za-z]+")
+_MATH_CHARS = re.compile(r"[0-9A-Za-z\s+\-*/^_=<>()\[\]{}|,.;:!'%&$]*")
 
 
 def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
@@ -25,19 +37,43 @@ def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """Final answer of a completion: the last ``\\boxed{...}``, else a final "answer is ..." / "#### ...".
+    """Final answer of a completion: the last ``\\boxed{...}``, else a final "answer is ..." / "#### ...",
+    else the whole text when it is a bare answer (the rule of ``_bare_answer``).
 
-    A single line without any marker and not prose (three words in a row) is taken as a bare answer.
     None when nothing is found (also for a completion cut off inside its last box).
     """
     span = locate_answer(text)
     if span is not None:
         return span.answer(text)
-    bare = text.strip().strip("$").strip()
-    if not bare or "\n" in bare or "\\boxed" in bare or _PROSE.search(_TEXT.sub("", bare)):
-        return None
-    return bare
+    return _bare_answer(text)
 
+
+def _bare_answer(text: str) -> str | None:
+    """``text`` without surrounding spaces and ``$``/``\\(...\\)``/``\\[...\\]`` when the whole of it is one plain
+    answer, else None.
+
+    Plain: one line of at most ``MAX_ANSWER_CHARS`` characters holding only digits, operators and brackets,
+    single letters (variables, choices), function names (``sin``, ``log``, ``sqrt``, ...), the LaTeX math
+    commands of ``_MATH_COMMANDS`` and ``\\text{...}`` groups (units, text answers). A word outside
+    ``\\text{}`` (``"1+5 is 6"``, ``"6 apples"``), an unknown command (``\\boxed`` cut off, ``\\boxe``), a
+    second line or any other character makes it prose: no answer.
+    """
+    s = text.strip()
+    if s.startswith(("\\(", "\\[")) and s.endswith(("\\)", "\\]")):
+        s = s[2:-2]
+    s = s.strip().strip("$").strip()
+    if not s or len(s) > MAX_ANSWER_CHARS or "\n" in s:
+        return None
+    rest = _ENVIRONMENT.sub(" ", _TEXT.sub(" ", s))
+    for m in _COMMAND.finditer(rest):
+        if m.group(1) is not None and m.group(1) not in _MATH_COMMANDS:
+            return None
+    rest = _COMMAND.sub(" ", rest)
+    if _MATH_CHARS.fullmatch(rest) is None:
+        return None
+    if any(len(w) > 1 and w not in _FUNCTIONS for w in _LETTERS.findall(rest)):
+        return None
+    return s
 
 
 def normalize_gold(gold: Any) -> str:

@@ -224,7 +224,7 @@ def grade_answers(
             continue
         text, gold = completion_text(completion), normalize_gold(gold)
         pred = extract_answer(text)
-        if pred is None:  # no answer marker: right only when the whole text is the answer
+        if pred is None:  # no final answer and not a plain bare answer: right only when the text is the gold
             verdict = "".join(text.split()).strip("$") == "".join(gold.split())
         else:
             verdict = _fast_grade(pred, gold)
