@@ -35,7 +35,7 @@ def workspace(tmp_path_factory, char_tokenizer):
     config.write_text(
         f"model: {model_dir}\ndataset: {data}\nprompt_column: question\nanswer_column: gold\n"
         "prompt_template: '{question}'\nper_device_train_batch_size: 8\nnum_generations: 4\n"
-        "max_completion_length: 16\nlearning_rate: 0.001\nlr_scheduler_type: constant\nlogging_steps: 1\n"
+        "max_completion_length: 24\nlearning_rate: 0.001\nlr_scheduler_type: constant\nlogging_steps: 1\n"
         "save_steps: 2\nreport_to: none\nseed: 0\ndisable_tqdm: true\n"
     )
     return root, config
