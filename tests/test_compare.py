@@ -187,3 +187,22 @@ def test_terminal_summary_is_compact_and_names_both_differences(tmp_path):
     assert lines[3].split() == ["oar-g", "40.0", "±", "127.1", "+0.0", "[±127.1]", "-5.0", "[±142.1]", "@30",
                                 "1.50"]
     assert lines[2].split() == ["grpo", "40.0", "±", "0.0", "–", "–", "1.00"]
+
+
+def test_import_option_registers_a_user_credit_in_the_parent_and_in_spawned_workers(user_credit_module, tmp_path,
+                                                                                     capsys):
+    from oar.credit import credit_names
+    from oar.lab.compare import worker_pool
+
+    assert "user-first" not in credit_names()
+    # the parent imports the module before it builds the columns: the user's option is checked, not "unknown"
+    with pytest.raises(ValueError, match="no option.*nope"):
+        compare(tmp_path / "c", preset="quick", credits=("user-first@nope=1",), imports=(user_credit_module,))
+    with worker_pool(1, imports=(user_credit_module,)) as pool:  # a spawned process: built-ins only, then imports
+        assert "user-first" in pool.submit(credit_names).result(timeout=120)
+    with worker_pool(1) as pool:
+        assert "user-first" not in pool.submit(credit_names).result(timeout=120)
+    assert main(["compare", "--quick", "--import", "no_such_module_x", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_module_x" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()

@@ -190,3 +190,22 @@ def test_one_default_column_set_for_cli_library_and_readme(tmp_path):
     path.write_text(json.dumps({QUESTION_COLUMN: "1+1?", ANSWER_COLUMN: "2"}) + "\n")
     ds = load_train_dataset(str(path))
     assert sorted(ds.column_names) == ["answer", "prompt"] and ds[0]["prompt"].startswith("1+1?")
+
+
+def test_import_option_registers_a_user_credit_before_the_config_is_checked(workspace, user_credit_module,
+                                                                            capsys):
+    from oar.cli.train import split_oar_options
+
+    assert split_oar_options(["--import", "a", "--max_steps", "1", "--verbose", "--import=b"]) == (
+        ["--max_steps", "1"], True, ["a", "b"])
+    root, config = workspace
+    base = ["train", "--config", str(config), "--output_dir", str(root / "user"), "--max_steps", "1",
+            "--credit", "user-first", "--dataset", str(root / "missing.jsonl")]
+    assert main(base) == 2
+    assert "unknown credit 'user-first'" in capsys.readouterr().err
+    assert main([*base, "--import", user_credit_module]) == 2  # the credit is known: the next error is the data
+    err = capsys.readouterr().err
+    assert "missing.jsonl" in err and "credit" not in err
+    assert main(["train", "--import", "no_such_module_x", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_module_x" in err and len(err.strip().splitlines()) == 1

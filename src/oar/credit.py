@@ -160,6 +160,19 @@ def register_credit(
     return wrap
 
 
+def import_modules(modules: Sequence[str]) -> None:
+    """Import each named module (one that registers its own credit methods: ``--import MODULE``).
+
+    ValueError naming the module that cannot be imported (not found, or its own import failed)."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"--import {module!r}: cannot import it ({err}); is it on PYTHONPATH?") from None
+
+
 def unregister_credit(name: str) -> None:
     """Remove a registered method (tests, user code that registers temporary methods)."""
     _REGISTRY.pop(name, None)
