@@ -209,3 +209,23 @@ def test_import_option_registers_a_user_credit_before_the_config_is_checked(work
     assert main(["train", "--import", "no_such_module_x", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert "no_such_module_x" in err and len(err.strip().splitlines()) == 1
+
+
+def test_config_warnings_are_dropped_unless_verbose(workspace, capsys):
+    """Building OARConfig raises transformers' FutureWarning (gradient_checkpointing renamed); oar train drops it,
+    ``--verbose`` keeps it."""
+    import warnings
+
+    root, config = workspace
+    argv = ["train", "--config", str(config), "--output_dir", str(root / "warn"), "--max_steps", "1",
+            "--dataset", str(root / "missing.jsonl")]
+
+    def future_warnings(extra: list[str]) -> list[str]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert main([*argv, *extra]) == 2  # stops at the missing dataset, after the config is built
+        capsys.readouterr()
+        return [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
+
+    assert any("gradient_checkpointing" in m for m in future_warnings(["--verbose"]))
+    assert future_warnings([]) == []

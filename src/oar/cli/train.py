@@ -50,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
     argv, verbose, modules = split_oar_options(args.argv)
     import_modules(modules)  # before OARConfig checks the credit name
-    with one_line_errors():  # TRL's parser, built in oar.train_run, reports a bad option in one line too
+    # TRL's parser, built in oar.train_run, reports a bad option in one line too; building the config raises
+    # transformers' deprecation warnings, which quiet_libraries drops
+    with quiet_libraries(verbose), one_line_errors():
         script_args, config = parse_train_args(argv)
     with quiet_libraries(verbose):
         summary = run_training(script_args, config)
