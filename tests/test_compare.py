@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from oar.cli import main
-from oar.lab.compare import PRESETS, compare, credit_column
+from oar.credit import credit_column
+from oar.lab.compare import PRESETS, compare
 from oar.lab.model import ModelConfig
 from oar.lab.run import LabCallback, RunConfig
 from oar.lab.stats import mean_ci, t_quantile

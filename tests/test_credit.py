@@ -17,10 +17,10 @@ from oar.credit import (
     token_credit,
     unregister_credit,
 )
-from oar.peers.cf_span import cf_span_weights, cf_spans
-from oar.peers.entropy_mask import high_entropy_mask
-from oar.peers.gtpo import gtpo_advantages
-from oar.peers.ktae import fisher_exact_p, key_token_values
+from oar.credit.peers.cf_span import cf_span_weights, cf_spans
+from oar.credit.peers.entropy_mask import high_entropy_mask
+from oar.credit.peers.gtpo import gtpo_advantages
+from oar.credit.peers.ktae import fisher_exact_p, key_token_values
 from oar.probe import OutcomeProbe
 from oar.reshape import bilevel_weights
 

@@ -151,11 +151,11 @@ def test_credit_grpo_is_bit_identical_to_trl(tmp_path, char_tokenizer, loss_type
     [("oar-g", "completion"), ("oar-p", "reference"), ("entropy", "completion"), ("random", "completion")],
 )
 def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_source, monkeypatch):
-    import oar.credit
+    import oar.credit.run
 
     probed = []  # the rows of every probe chunk (a chunk without an answer never reaches the scorer)
-    probe_chunk = oar.credit._probe_chunk
-    monkeypatch.setattr(oar.credit, "_probe_chunk", lambda m, b, idx, *a: (probed.extend(idx.tolist()),
+    probe_chunk = oar.credit.run._probe_chunk
+    monkeypatch.setattr(oar.credit.run, "_probe_chunk", lambda m, b, idx, *a: (probed.extend(idx.tolist()),
                                                                              probe_chunk(m, b, idx, *a)))
     trainer = RecordingTrainer(
         model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from oar.credit import get_credit, import_modules
+from oar.credit import credit_column, import_modules
 from oar.files import atomic_write, read_jsonl
 from oar.lab.run import RunConfig, credit_defaults, train_lab
 from oar.lab.summary import format_results_table, summarize_comparison
@@ -49,25 +49,6 @@ PRESETS: dict[str, ComparePreset] = {
     "default": ComparePreset(("grpo", "oar-g"), 2, 240.0, 20, 256, 4),
     "study": ComparePreset(("grpo", "oar-g", "oar-p"), 6, 300.0, 30, 512, 4),
 }
-
-
-def credit_column(spec: str) -> tuple[str, dict]:
-    """A comparison column ``NAME`` or ``NAME@OPT=VALUE&OPT=VALUE`` (e.g. ``oar-g@beta=2``): the credit and its
-    options (values parsed as JSON, else kept as text). ValueError naming an unknown credit or option."""
-    if "/" in spec or "\\" in spec or ".." in spec:  # the column names its run directories
-        raise ValueError(f"credit column {spec!r} must not contain '/', '\\' or '..'")
-    name, _, opts = spec.strip().partition("@")
-    options = {}
-    for pair in filter(None, opts.split("&")):
-        key, eq, value = pair.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"credit column {spec!r}: expected OPT=VALUE after '@', got {pair!r}")
-        try:
-            options[key.strip()] = json.loads(value)
-        except ValueError:
-            options[key.strip()] = value.strip()
-    get_credit(name).check_options(options)  # ValueError naming an unknown credit or option
-    return name.strip().lower(), options
 
 
 def _finite(obj):
