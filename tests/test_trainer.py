@@ -407,3 +407,25 @@ def test_trainer_dump_equals_attribute_for_the_same_completions(tmp_path, char_t
         else:
             assert rec.scores[:n] == pytest.approx(att.scores, rel=1e-4, abs=1e-6)
             assert rec.weights[:n] == pytest.approx(att.weights, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [({"oar_beta": -1}, "oar_beta must be >= 0, got -1"),
+     ({"credit_options": {"beta": -1}}, "credit 'oar-g': beta must be >= 0, got -1"),
+     ({"oar_tau": 1.5}, "oar_tau must be in (0, 1), got 1.5"),
+     ({"credit_options": {"tau": 1.5}}, "credit 'oar-g': tau must be in (0, 1), got 1.5"),
+     ({"credit_options": {"floor": "0.5"}}, "credit 'oar-g': floor must be a number, got '0.5'"),
+     ({"credit": "oar-p", "oar_chunk_size": 0}, "oar_chunk_size must be >= 1, got 0"),
+     ({"credit": "oar-p", "credit_options": {"chunk_size": 0}}, "credit 'oar-p': chunk_size must be >= 1, got 0"),
+     ({"credit": "oar-p", "credit_options": {"horizon": -2}}, "credit 'oar-p': horizon must be >= 0, got -2"),
+     ({"credit": "entropy-mask", "credit_options": {"rho": 0}}, "credit 'entropy-mask': rho must be in (0, 1]")],
+)
+def test_options_are_checked_once_whether_a_field_or_credit_options_sets_them(tmp_path, kw, message):
+    """An option's declaration (type and range, oar.credit.catalogue; τ/β/floor ranges from oar.reshape) refuses
+    a bad value when OARConfig is built, the same one-line error by either route."""
+    kw = {"credit": "oar-g", **kw}
+    with pytest.raises(ValueError) as err:
+        OARConfig(**grpo_kwargs(str(tmp_path)), **kw)
+    assert str(err.value) == message or str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value)

@@ -27,7 +27,8 @@ from oar.checkpoints import STAGING_DIR
 from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token_credit
 from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
 from oar.probe import DEFAULT_CONCLUDE
-from oar.reshape import BETA, FLOOR, TAU, weight_stats
+from oar.ranges import check_range
+from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE, weight_stats
 
 PROBE_MODES = ("last", "answer_mean", "answer_joint")
 ANSWER_SOURCES = ("completion", "reference")
@@ -116,12 +117,9 @@ class OARConfig(GRPOConfig):
             raise ValueError(f"probe_mode must be one of {PROBE_MODES} or None, got {self.probe_mode!r}")
         if self.answer_source not in ANSWER_SOURCES:
             raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {self.answer_source!r}")
-        if not 0.0 < self.oar_tau < 1.0:
-            raise ValueError(f"oar_tau must be in (0, 1), got {self.oar_tau!r}")
-        if not self.oar_beta >= 0.0:
-            raise ValueError(f"oar_beta must be >= 0, got {self.oar_beta!r}")
-        if not 0.0 <= self.oar_floor <= 1.0:
-            raise ValueError(f"oar_floor must be in [0, 1], got {self.oar_floor!r}")
+        check_range("oar_tau", self.oar_tau, TAU_RANGE)
+        check_range("oar_beta", self.oar_beta, BETA_RANGE)
+        check_range("oar_floor", self.oar_floor, FLOOR_RANGE)
         if self.noise_std is not None and not (self.noise_std >= 0.0 and math.isfinite(self.noise_std)):
             raise ValueError(f"noise_std must be a finite number >= 0, got {self.noise_std!r}")
         opts = self.method_options(method)
@@ -143,10 +141,14 @@ class OARConfig(GRPOConfig):
 
     def method_options(self, method: Any = None) -> dict[str, Any]:
         """The credit method's options: its declared defaults, then the matching OAR fields, then
-        ``credit_options`` (ValueError naming an option the method does not declare)."""
+        ``credit_options``; ValueError naming an option the method does not declare or a value its declaration
+        refuses (``oar_beta must be >= 0, got -1``, ``credit 'oar-g': beta must be >= 0, got -1``)."""
         method = method or get_credit(self.credit)
         fields_ = {k: getattr(self, f) for k, f in _OPTION_FIELDS.items()
                    if k in method.options and getattr(self, f) is not None}
+        for k, value in fields_.items():  # the option's declaration, the field's name in the error
+            if k in method.specs:
+                method.specs[k].check(_OPTION_FIELDS[k], value)
         return method.check_options({**fields_, **(self.credit_options or {})})
 
 

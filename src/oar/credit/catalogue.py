@@ -6,7 +6,8 @@
 3. peer methods, each from its paper (:mod:`oar.credit.peers`): ``entropy-mask``, ``gtpo``, ``ktae``, ``cf-span``.
 
 The score and effect functions live with their method (:mod:`oar.importance`, :mod:`oar.credit.peers`); this
-module only states what each needs, costs and cites, and its options.
+module only states what each needs, costs and cites, and declares each option once, typed, with its range or
+choices (:class:`oar.credit.options.Option`; the τ/β/floor defaults and ranges are :mod:`oar.reshape`'s).
 """
 
 from __future__ import annotations
@@ -14,17 +15,37 @@ from __future__ import annotations
 import torch
 
 from oar.credit.batch import CreditBatch
+from oar.credit.options import Option
 from oar.credit.peers.cf_span import cf_span_scores, cf_span_weights
 from oar.credit.peers.entropy_mask import entropy_mask_scores, high_entropy_mask
-from oar.credit.peers.gtpo import gtpo_effect, gtpo_scores
+from oar.credit.peers.gtpo import NORMS, gtpo_effect, gtpo_scores
 from oar.credit.peers.ktae import ktae_scores
 from oar.credit.registry import register_credit
 from oar.importance import entropy_scores, gradient_scores, perturbation_scores, random_scores
-from oar.importance.guided import guided_perturbation_scores
-from oar.reshape import BETA, FLOOR, TAU
+from oar.importance._common import MODES
+from oar.importance.guided import CALIBRATIONS, guided_perturbation_scores
+from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
 
 OAR_PAPER = "Outcome-Grounded Advantage Reshaping, arXiv 2601.07408"
-BILEVEL = {"tau": TAU, "beta": BETA, "floor": FLOOR}
+
+# options shared by several methods, declared once
+BILEVEL = {"tau": Option(TAU, float, TAU_RANGE), "beta": Option(BETA, float, BETA_RANGE),
+           "floor": Option(FLOOR, float, FLOOR_RANGE)}
+
+
+def _mode(default: str) -> Option:
+    """The outcome mode of a probe scorer (:data:`oar.importance._common.MODES`)."""
+    return Option(default, str, choices=MODES)
+
+
+def _noise_std(default: float | None) -> Option:
+    """OAR-G's embedding noise σ (None: the scorer's default for its mode)."""
+    return Option(default, float, ">= 0", nullable=True)
+
+
+CHUNK_SIZE = Option(16, int, ">= 1")  # perturbed copies per forward pass
+REPLACE_ID = Option(None, int, ">= 0")  # the counterfactual token (None: the pad id)
+TEMPERATURE = Option(1.0, float, "> 0")  # the sampler's, for the policy's entropy
 
 
 def _uniform_effect(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -53,7 +74,7 @@ register_credit(
     passes="per scorer batch: 1 forward + 1 backward to the input embeddings (KL modes: + 1 clean forward)",
     paper=f"{OAR_PAPER} (OAR-G)",
     summary="|gradient × input| of the answer's log-probability on the reasoning embeddings, Bi-Level weights",
-    options={"mode": "answer_joint", "noise_std": None, **BILEVEL},
+    options={"mode": _mode("answer_joint"), "noise_std": _noise_std(None), **BILEVEL},
 )(gradient_scores)
 
 register_credit(
@@ -61,7 +82,8 @@ register_credit(
     passes="per reasoning token: the probe suffix from that token (KV-cached prefix, chunk_size copies, any rows)",
     paper=f"{OAR_PAPER} (OAR-P)",
     summary="KL of the outcome when the token is replaced by pad (counterfactual), Bi-Level weights",
-    options={"mode": "last", "replace_id": None, "chunk_size": 16, "span": None, "horizon": None, **BILEVEL},
+    options={"mode": _mode("last"), "replace_id": REPLACE_ID, "chunk_size": CHUNK_SIZE,
+             "span": Option(None, int, ">= 1"), "horizon": Option(None, int, ">= 0"), **BILEVEL},
 )(perturbation_scores)
 
 register_credit(
@@ -71,8 +93,9 @@ register_credit(
     paper=f"extension of this project on {OAR_PAPER} (OAR-P guided by OAR-G)",
     summary="OAR-P exactly on OAR-G's top-k tokens, the rest OAR-G mapped onto OAR-P's scale per row, "
             "Bi-Level weights",
-    options={"k": 0.25, "mode": "last", "guide_mode": "answer_mean", "noise_std": 1e-3, "calibration": "median",
-             "replace_id": None, "chunk_size": 16, **BILEVEL},
+    options={"k": Option(0.25, float, "in (0, 1]"), "mode": _mode("last"), "guide_mode": _mode("answer_mean"),
+             "noise_std": _noise_std(1e-3), "calibration": Option("median", str, choices=CALIBRATIONS),
+             "replace_id": REPLACE_ID, "chunk_size": CHUNK_SIZE, **BILEVEL},
 )(guided_perturbation_scores)
 
 # --- baselines on OAR's probe and reshaping -----------------------------------------------------------------
@@ -81,14 +104,14 @@ register_credit(
     "entropy", combine="multiply", needs_policy=True, needs_probe=True, passes="1 forward per scorer batch",
     paper="baseline of this project (entropy as the importance score inside OAR's reshaping)",
     summary="entropy of the policy's next-token distribution at each reasoning token, Bi-Level weights",
-    options=dict(BILEVEL),
+    options=BILEVEL,
 )(entropy_scores)
 
 register_credit(
     "random", combine="multiply", needs_policy=False, needs_probe=True, passes="0",
     paper="control (this project): OAR's reshaping of U(0, 1) scores",
     summary="Bi-Level weights of random scores: the null for 'any reshaping helps'",
-    options=dict(BILEVEL),
+    options=BILEVEL,
 )(random_scores)
 
 # --- peer methods -------------------------------------------------------------------------------------------
@@ -98,7 +121,8 @@ register_credit(
     passes="1 forward of prompt + completion (no grad) per scorer batch",
     paper="Beyond the 80/20 Rule, arXiv 2506.01939",
     summary="advantage kept only on the batch's top-ρ (0.2) highest-entropy completion tokens, 0 elsewhere",
-    effect=high_entropy_mask, options={"rho": 0.2, "temperature": 1.0}, invert="batch",
+    effect=high_entropy_mask, options={"rho": Option(0.2, float, "in (0, 1]"), "temperature": TEMPERATURE},
+    invert="batch",
 )(entropy_mask_scores)
 
 register_credit(
@@ -107,7 +131,8 @@ register_credit(
     paper="GTPO and GRPO-S, arXiv 2508.04349",
     summary="token reward α1·(±1) + α2·(inverse-)entropy share among the group's completions at that position, "
             "z-scored per group; replaces the advantage",
-    effect=gtpo_effect, options={"alpha1": 1.0, "alpha2": 0.1, "norm": "joint", "temperature": 1.0},
+    effect=gtpo_effect, options={"alpha1": Option(1.0, float), "alpha2": Option(0.1, float),
+                                 "norm": Option("joint", str, choices=NORMS), "temperature": TEMPERATURE},
 )(gtpo_scores)
 
 register_credit(
@@ -115,7 +140,9 @@ register_credit(
     paper="KTAE, arXiv 2505.16826",
     summary="key-token value of the token's id from the group's correct/wrong contingency table (Fisher, "
             "information gain, effect size, BM25 frequency), added to the advantage",
-    effect=_identity_effect, options={"alpha": 1.0, "beta": 1.0, "top": 1.0}, invert="negate",
+    effect=_identity_effect, invert="negate",
+    options={"alpha": Option(1.0, float, ">= 0"), "beta": Option(1.0, float, ">= 0"),
+             "top": Option(1.0, float, ">= 0")},
 )(ktae_scores)
 
 register_credit(
@@ -124,5 +151,5 @@ register_credit(
     paper="CF-GRPO, Beyond Uniform Credit, arXiv 2602.09331 (SCAPO's re-implementation settings)",
     summary="drop in answer probability when a reasoning span is replaced by pad, weight clip(1 + Δ/mean|Δ|, "
             "0.5, 4) on the span's tokens",
-    effect=cf_span_weights, options={"chunk_size": 16, "renormalize": False},
+    effect=cf_span_weights, options={"chunk_size": CHUNK_SIZE, "renormalize": Option(False, bool)},
 )(cf_span_scores)

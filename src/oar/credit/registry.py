@@ -15,13 +15,13 @@ Pure torch; no framework imports.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
 
 from oar.credit.controls import CONTROLS, inverted_effect, shuffled_effect
-from oar.credit.options import CONTEXT, parameter_names
+from oar.credit.options import CONTEXT, Option, as_option, parameter_names
 from oar.reshape import BETA, FLOOR, TAU, bilevel_weights
 
 COMBINES = ("multiply", "mask", "add", "replace")
@@ -42,17 +42,22 @@ class CreditMethod:
     passes: str
     paper: str
     summary: str
-    options: Mapping[str, Any]
+    options: Mapping[str, Any]  # name -> default
     invert: Literal["row", "batch", "negate"] = "row"
     control: str | None = None  # "shuffle" / "inverted" for a wrapped method
     base: str | None = None  # the wrapped method's name
+    specs: Mapping[str, Option] = field(default_factory=dict)  # name -> its declaration (type, range, choices)
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The method's defaults updated with ``options``; ValueError naming an undeclared option."""
+        """The method's defaults updated with ``options``; ValueError naming an undeclared option or a value its
+        declaration refuses (``credit 'oar-g': beta must be >= 0, got -1``)."""
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             raise ValueError(f"credit {self.name!r} has no option(s) {unknown}; its options: "
                              f"{', '.join(self.options) or '(none)'}")
+        for key, value in options.items():
+            if key in self.specs:
+                self.specs[key].check(f"credit {self.name!r}: {key}", value)
         return {**self.options, **options}
 
 
@@ -70,7 +75,7 @@ def register_credit(
     paper: str,
     summary: str,
     effect: Callable[..., torch.Tensor] | None = None,
-    options: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any | Option] | None = None,
     invert: Literal["row", "batch", "negate"] = "row",
     replace_existing: bool = False,
 ) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
@@ -85,6 +90,9 @@ def register_credit(
     token advantages (``"replace"``); default Bi-Level reshaping (OAR_SPEC §4). Options are declared with their
     defaults in ``options`` and routed by name to ``score`` and/or ``effect``; each also gets the context it
     names in its signature (``generator``, ``active``, ``batch_size``, ``batch``: the :class:`CreditBatch`).
+    An option is a plain default (any value accepted) or an :class:`oar.credit.options.Option` declaring its type
+    and range, checked whenever options are (:meth:`CreditMethod.check_options`: ``OARConfig``, ``oar compare``
+    columns, :func:`token_credit`).
 
     Args:
         combine: how the effect meets the sequence advantage (``Â = A · w``, ``Â = A + δ`` or ``Â = δ``).
@@ -107,15 +115,17 @@ def register_credit(
         if name in _REGISTRY and not replace_existing:
             raise ValueError(f"credit {name!r} is already registered (pass replace_existing=True)")
         eff = effect or bilevel_effect
-        opts = dict(options or {})
+        specs = {k: as_option(v) for k, v in (options or {}).items()}
         routed = (parameter_names(score) | parameter_names(eff)) - set(CONTEXT)
-        stray = sorted(set(opts) - routed)
+        stray = sorted(set(specs) - routed)
         if stray:
             raise ValueError(f"credit {name!r} declares options {stray} that neither its score nor its effect takes")
+        for key, spec in specs.items():  # a declaration must accept its own default
+            spec.check(f"credit {name!r}: default of {key}", spec.default)
         _REGISTRY[name] = CreditMethod(
             name=name, score=score, effect=eff, combine=combine, needs_policy=needs_policy,
             needs_probe=needs_probe, needs_group=needs_group, passes=passes, paper=paper, summary=summary,
-            options=opts, invert=invert,
+            options={k: spec.default for k, spec in specs.items()}, invert=invert, specs=specs,
         )
         return score
 

@@ -21,6 +21,8 @@ import torch
 from oar.credit.batch import CreditBatch
 from oar.credit.peers._entropy import completion_entropy
 
+NORMS = ("joint", "separate")  # GTPO's normalisation: one z-score of the token rewards, or one per outcome
+
 
 def gtpo_advantages(entropy: torch.Tensor, mask: torch.Tensor, success: torch.Tensor, group: torch.Tensor,
                     alpha1: float = 1.0, alpha2: float = 0.1, norm: str = "joint", eps: float = 1e-6) -> torch.Tensor:
@@ -32,7 +34,7 @@ def gtpo_advantages(entropy: torch.Tensor, mask: torch.Tensor, success: torch.Te
         alpha1 / alpha2: outcome and entropy-share coefficients. norm: ``"joint"`` or ``"separate"``.
         eps: added to H before inverting and to the std.
     """
-    if norm not in ("joint", "separate"):
+    if norm not in NORMS:
         raise ValueError(f"norm must be 'joint' or 'separate', got {norm!r}")
     m = mask.float()
     H = entropy.float() * m
