@@ -13,9 +13,10 @@ from trainer_setup import task_rows, warm_tiny_lm
 pytest.importorskip("trl")
 
 from oar.attribution import read_records  # noqa: E402
+from oar.checkpoints import FINAL_STAGING, last_checkpoint, save_final_model  # noqa: E402
 from oar.cli import main  # noqa: E402
 from oar.files import read_jsonl  # noqa: E402
-from oar.train_run import FINAL_STAGING, last_checkpoint, load_train_dataset, save_final_model  # noqa: E402
+from oar.train_data import load_train_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,8 @@ def test_one_default_column_set_for_cli_library_and_readme(tmp_path):
     from pathlib import Path
 
     from oar.prompts import ANSWER_COLUMN, QUESTION_COLUMN
-    from oar.train_run import TrainArguments, read_train_dataset
+    from oar.train_data import read_train_dataset
+    from oar.train_run import TrainArguments
 
     assert TrainArguments().prompt_column == QUESTION_COLUMN and TrainArguments().answer_column == ANSWER_COLUMN
     for fn in (load_train_dataset, read_train_dataset):

@@ -279,7 +279,7 @@ def test_lora_with_kl_scores_through_the_adapter(tmp_path, char_tokenizer):
 def test_checkpoints_appear_only_when_complete(tmp_path, char_tokenizer, monkeypatch):
     from transformers.trainer_utils import get_last_checkpoint
 
-    from oar.train_run import last_checkpoint
+    from oar.checkpoints import last_checkpoint
 
     def trainer(max_steps):
         kw = grpo_kwargs(str(tmp_path), max_steps=max_steps, save_strategy="steps", save_steps=1, save_total_limit=2)
