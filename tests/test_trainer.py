@@ -343,9 +343,16 @@ def test_every_credit_method_trains(tmp_path, char_tokenizer, credit):
         assert set(first.unique().tolist()) <= {0.0, float(first.abs().max())} or set(
             first.unique().tolist()) <= {0.0, -float(first.abs().max())}
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    assert "oar/offset_abs_mean" in logs[0] and "oar/frac_scored" in logs[0]
+    from oar.credit.metrics import METRIC_KEYS
+
+    assert set(METRIC_KEYS) <= set(logs[0]), "the TRL trainer logs the schema the verl plugin logs"
+    # the rewards the credit reads come from the _calculate_rewards override: TRL's own per-function rewards
+    kept = trainer._oar_rewards_per_func
+    assert kept.shape == (adv.shape[0], 1)
+    assert kept[:, 0].tolist() == list(trainer._logs["rewards"][trainer.reward_func_names[0]])[-adv.shape[0]:]
     records = read_records(tmp_path / "attributions.jsonl")
     assert records and all(r.credit == method.name for r in records)
+    assert [r.reward for r in records] == [float(kept[i, 0]) for i in active.nonzero().squeeze(1).tolist()[:4]]
     if method.combine in ("add", "replace"):
         assert all(r.offsets is not None for r in records)
 
