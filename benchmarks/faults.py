@@ -72,7 +72,7 @@ def _steps(out: Path) -> list[int]:
 
 def _kill_when(proc: subprocess.Popen, out: Path, kill: str, rng: random.Random, timeout: float = 900) -> str:
     """SIGKILL ``proc`` at the chosen moment; returns what was happening (or 'finished' when it ended first)."""
-    from oar.train_run import last_checkpoint
+    from oar.checkpoints import last_checkpoint
 
     t0 = time.monotonic()
     # mid-step and mid-checkpoint kills come after the first checkpoint, so the resume starts mid-run (a
@@ -109,7 +109,7 @@ def trial(config: Path, root: Path, credit: str, kill: str, reference, rng: rand
                             stderr=subprocess.DEVNULL)
     happened = _kill_when(proc, out, kill, rng)
     logged_at_kill = max(_steps(out), default=0)
-    from oar.train_run import checkpoint_step, last_checkpoint
+    from oar.checkpoints import checkpoint_step, last_checkpoint
 
     ckpt = last_checkpoint(out)
     resumed_from = checkpoint_step(ckpt) if ckpt else 0

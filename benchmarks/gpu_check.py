@@ -231,7 +231,7 @@ def trainer_step(model, tok, column: str, shape: Shape, device: str) -> dict:
     import datasets
     from transformers import PrinterCallback
 
-    from oar.lab.compare import credit_column
+    from oar.credit import credit_column
     from oar.trainer import OARConfig, OARGRPOTrainer
 
     credit, options = credit_column(column)
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--exact-rows", type=int, default=1, help="rows of the exact OAR-P scorer timed alone")
     a = ap.parse_args(argv)
     credits = [c.strip() for c in a.credits.split(",") if c.strip()]
-    from oar.lab.compare import credit_column
+    from oar.credit import credit_column
 
     for c in credits:
         credit_column(c)  # ValueError naming an unknown credit or option, before any model is built

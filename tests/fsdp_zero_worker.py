@@ -60,8 +60,8 @@ def main(config: dict, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
+    from oar.credit import get_credit
     from oar.distributed import dummy_probe, full_policy, pad_to_max_over_ranks, sharding_of
-    from oar.importance import get_scorer
 
     model = tiny_lm(config["tie"])
     reference = copy.deepcopy(model)  # unsharded, same weights
@@ -151,7 +151,7 @@ def main(config: dict, out_path: str) -> None:
     n_local = config["counts"][rank]
     errors, calls = {}, {}
     for credit in ("oar-g", "oar-p"):
-        scorer = get_scorer(credit)
+        scorer = get_credit(credit).score
         probes = [probe(1000 * rank + i) for i in range(n_local)]
         err, n_calls = 0.0, 0
         with full_policy(wrapped) as policy:

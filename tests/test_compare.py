@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from oar.cli import main
-from oar.lab.compare import PRESETS, compare, credit_column
+from oar.credit import credit_column
+from oar.lab.compare import PRESETS, compare
 from oar.lab.model import ModelConfig
 from oar.lab.run import LabCallback, RunConfig
 from oar.lab.stats import mean_ci, t_quantile
@@ -236,3 +237,22 @@ def test_no_oracle_means_no_efficiency(tmp_path):
             ("oar-g", 0): _fake_run(tmp_path / "o0", [0.2, 0.4, 0.4], 1.0, 0.5)}
     a = summarize_comparison(dirs)["credits"]["oar-g"]
     assert "efficiency_updates" not in a and a["auc_updates_diff"]["mean"] == pytest.approx(0.05)
+
+
+def test_import_option_registers_a_user_credit_in_the_parent_and_in_spawned_workers(user_credit_module, tmp_path,
+                                                                                     capsys):
+    from oar.credit import credit_names
+    from oar.lab.compare import worker_pool
+
+    assert "user-first" not in credit_names()
+    # the parent imports the module before it builds the columns: the user's option is checked, not "unknown"
+    with pytest.raises(ValueError, match="no option.*nope"):
+        compare(tmp_path / "c", preset="quick", credits=("user-first@nope=1",), imports=(user_credit_module,))
+    with worker_pool(1, imports=(user_credit_module,)) as pool:  # a spawned process: built-ins only, then imports
+        assert "user-first" in pool.submit(credit_names).result(timeout=120)
+    with worker_pool(1) as pool:
+        assert "user-first" not in pool.submit(credit_names).result(timeout=120)
+    assert main(["compare", "--quick", "--import", "no_such_module_x", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_module_x" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()

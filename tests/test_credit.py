@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from oar.credit import (
     CreditBatch,
+    credit_column,
     credit_names,
     get_credit,
     register_credit,
@@ -17,10 +19,10 @@ from oar.credit import (
     token_credit,
     unregister_credit,
 )
-from oar.peers.cf_span import cf_span_weights, cf_spans
-from oar.peers.entropy_mask import high_entropy_mask
-from oar.peers.gtpo import gtpo_advantages
-from oar.peers.ktae import fisher_exact_p, key_token_values
+from oar.credit.peers.cf_span import cf_span_weights, cf_spans
+from oar.credit.peers.entropy_mask import high_entropy_mask
+from oar.credit.peers.gtpo import gtpo_advantages
+from oar.credit.peers.ktae import fisher_exact_p, key_token_values
 from oar.probe import OutcomeProbe
 from oar.reshape import bilevel_weights
 
@@ -265,3 +267,77 @@ def test_docs_method_table_is_the_registry():
 
     page = (Path(__file__).parent.parent / "docs" / "credits.md").read_text(encoding="utf-8")
     assert credit_table() in page, "docs/credits.md: paste the output of `oar credits` into the method table"
+
+
+# --- typed options ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "credit, options, message",
+    [("oar-p", {"chunk_size": 0}, "chunk_size must be >= 1, got 0"),
+     ("oar-p", {"chunk_size": 2.5}, "chunk_size must be an integer, got 2.5"),
+     ("oar-p", {"span": 0}, "span must be >= 1"),
+     ("oar-p", {"horizon": -1}, "horizon must be >= 0"),
+     ("oar-p", {"mode": "mean"}, "mode must be one of 'last', 'answer_mean', 'answer_joint', got 'mean'"),
+     ("oar-g", {"noise_std": -1.0}, "noise_std must be >= 0"),
+     ("oar-g", {"tau": True}, "tau must be a number, got True"),
+     ("oar-g", {"beta": float("nan")}, "beta must be >= 0, got nan"),
+     ("oar-pg", {"k": 0}, "k must be in (0, 1]"),
+     ("oar-pg", {"calibration": "mean"}, "calibration must be one of 'median', 'below'"),
+     ("entropy-mask", {"rho": 1.5}, "rho must be in (0, 1], got 1.5"),
+     ("entropy-mask", {"temperature": 0}, "temperature must be > 0"),
+     ("gtpo", {"norm": "z"}, "norm must be one of 'joint', 'separate'"),
+     ("ktae", {"top": -1}, "top must be >= 0"),
+     ("cf-span", {"renormalize": "yes"}, "renormalize must be true or false")],
+)
+def test_each_declared_option_refuses_a_bad_value(credit, options, message):
+    with pytest.raises(ValueError, match=f"^credit '{credit}': ") as err:
+        get_credit(credit).check_options(options)
+    assert message in str(err.value)
+    with pytest.raises(ValueError, match="must be"):  # the comparison column is checked by the same declaration
+        credit_column(f"{credit}@" + "&".join(f"{k}={json.dumps(v)}" for k, v in options.items()))
+
+
+def test_declared_options_accept_their_defaults_ints_for_floats_and_null_where_allowed():
+    for name in credit_names():
+        m = get_credit(name)
+        assert m.check_options(dict(m.options)) == dict(m.options), name
+    assert get_credit("oar-g").check_options({"beta": 2, "noise_std": None})["beta"] == 2
+    assert get_credit("oar-p").check_options({"horizon": None, "span": 3})["span"] == 3
+    assert get_credit("shuffle:oar-g").check_options({"tau": 0.5})["tau"] == 0.5  # a control keeps the declarations
+    with pytest.raises(ValueError, match="credit 'shuffle:oar-g': tau must be in"):
+        get_credit("shuffle:oar-g").check_options({"tau": 0})
+    with pytest.raises(ValueError, match="must be an integer or null"):
+        get_credit("oar-p").check_options({"replace_id": "pad"})
+
+
+def test_a_declaration_must_accept_its_own_default_and_plain_defaults_accept_anything():
+    from oar.credit.options import Option
+
+    with pytest.raises(ValueError, match="default of k must be >= 1, got 0"):
+        register_credit("t-bad-default", combine="multiply", needs_policy=False, needs_probe=False, passes="0",
+                        paper="t", summary="t", options={"k": Option(0, int, ">= 1")},
+                        effect=lambda scores, mask, k=0: scores)(lambda batch: batch.completion_mask.float())
+    assert "t-bad-default" not in credit_names()
+
+    @register_credit("t-plain", combine="multiply", needs_policy=False, needs_probe=False, passes="0", paper="t",
+                     summary="t", options={"k": 3}, effect=lambda scores, mask: 1 + scores)
+    def plain(batch, k=3):
+        return batch.completion_mask.float()
+
+    try:
+        assert get_credit("t-plain").check_options({"k": "anything"}) == {"k": "anything"}
+    finally:
+        unregister_credit("t-plain")
+
+
+def test_ranges_are_parsed_from_their_text():
+    from oar.ranges import check_range, in_range
+
+    assert in_range(0.5, "in (0, 1)") and not in_range(0, "in (0, 1)") and in_range(0, "in [0, 1]")
+    assert in_range(1, "in (0, 1]") and not in_range(1, "in [0, 1)") and in_range(2, "> 1") and not in_range(1, "> 1")
+    assert in_range(-1, "<= -1") and not in_range(float("inf"), ">= 0") and not in_range(True, ">= 0")
+    with pytest.raises(ValueError, match="malformed range"):
+        in_range(1, "between 0 and 1")
+    with pytest.raises(ValueError, match=r"^x must be >= 1, got 0$"):
+        check_range("x", 0, ">= 1")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import require
+from oar.credit import get_credit
 from oar.distributed import (
     dummy_probe,
     full_policy,
@@ -18,7 +19,6 @@ from oar.distributed import (
     pad_to_max_over_ranks,
     sharding_of,
 )
-from oar.importance import get_scorer
 
 WORKER = os.path.join(os.path.dirname(__file__), "fsdp_zero_worker.py")
 
@@ -58,7 +58,7 @@ def test_dummy_probe_makes_scorer_passes(tiny_qwen2, credit):
     calls = []
     hook = tiny_qwen2.register_forward_hook(lambda *_: calls.append(1))
     try:
-        scores = get_scorer(credit)(tiny_qwen2, *dummy_probe())
+        scores = get_credit(credit).score(tiny_qwen2, *dummy_probe())
     finally:
         hook.remove()
     assert scores.shape == (1, 4) and torch.isfinite(scores).all()
@@ -72,7 +72,7 @@ def test_oar_g_reads_embeddings_only_inside_the_models_forward(tiny_qwen2):
     done = tiny_qwen2.register_forward_hook(lambda *_: inside.pop() and None)
     probe = tiny_qwen2.get_input_embeddings().register_forward_pre_hook(lambda *_: outside.append(not inside))
     try:
-        scores = get_scorer("oar-g")(tiny_qwen2, *dummy_probe(token_id=5))  # 0 is the pad: a zero embedding
+        scores = get_credit("oar-g").score(tiny_qwen2, *dummy_probe(token_id=5))  # 0 is the pad: a zero embedding
     finally:
         for h in (flag, done, probe):
             h.remove()

@@ -16,9 +16,10 @@ pytest.importorskip("trl")
 
 from transformers import TrainerCallback  # noqa: E402
 
+from oar.checkpoints import last_checkpoint  # noqa: E402
 from oar.cli import main  # noqa: E402
 from oar.files import read_jsonl  # noqa: E402
-from oar.train_run import last_checkpoint, parse_train_args, run_training  # noqa: E402
+from oar.train_run import parse_train_args, run_training  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,8 @@ def test_unwritable_output_dir_is_one_line(workspace, capsys, monkeypatch):
 
 
 def test_yaml_type_check_accepts_what_argparse_converts(tmp_path):
-    from oar.train_run import TrainArguments, check_config_file
+    from oar.config_file import check_config_file
+    from oar.train_run import TrainArguments
     from oar.trainer import OARConfig
 
     path = tmp_path / "ok.yaml"

@@ -7,7 +7,7 @@ import torch
 
 import oar
 from conftest import make_tiny_lm
-from oar import entropy_scores, get_scorer, random_scores, uniform_scores
+from oar import entropy_scores, random_scores, uniform_scores
 from test_importance_perturbation import inputs, probe_batch
 
 
@@ -48,16 +48,20 @@ def test_entropy_matches_a_direct_computation(setup):
     assert (s[~pb.reasoning_mask] == 0).all() and (s[pb.reasoning_mask] > 0).all()
 
 
-def test_registry(setup):
+# the probe scorers: the credit registry's probe methods' scores (one registry), plus the uniform baseline
+SCORERS = {"oar-p": oar.perturbation_scores, "oar-g": oar.gradient_scores, "uniform": uniform_scores,
+           "random": random_scores, "entropy": entropy_scores}
+
+
+def test_scorers_are_the_registered_probe_methods_scores(setup):
     model, pb = setup
-    assert set(oar.SCORERS) == {"oar-p", "oar-g", "uniform", "random", "entropy"}
-    assert get_scorer("OAR-P") is oar.perturbation_scores and get_scorer("oar-g") is oar.gradient_scores
-    for name in oar.SCORERS:
-        s = get_scorer(name)(model, *inputs(pb))
+    for name, scorer in SCORERS.items():
+        if name != "uniform":
+            assert oar.get_credit(name.upper()).score is scorer and oar.get_credit(name).needs_probe
+        s = scorer(model, *inputs(pb))
         assert s.shape == pb.input_ids.shape and s.dtype == torch.float32
         assert (s[~pb.reasoning_mask] == 0).all() and (s[pb.reasoning_mask] > 0).any()
-    with pytest.raises(ValueError, match="oar-p, oar-g, uniform, random, entropy"):
-        get_scorer("attention")
+    assert not hasattr(oar, "get_scorer") and "SCORERS" not in oar.__all__  # no second registry
 
 
 def test_every_scorer_handles_a_batch_without_answers(char_tokenizer):
@@ -68,6 +72,6 @@ def test_every_scorer_handles_a_batch_without_answers(char_tokenizer):
     pb = oar.OutcomeProbe(char_tokenizer)(prompt.input_ids, prompt.attention_mask,
                                           completion.input_ids, completion.attention_mask)
     assert not pb.valid.any()
-    for name in oar.SCORERS:
-        s = get_scorer(name)(model, *inputs(pb))
+    for name, scorer in SCORERS.items():
+        s = scorer(model, *inputs(pb))
         assert s.shape == pb.input_ids.shape and (s == 0).all(), name

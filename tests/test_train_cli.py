@@ -13,9 +13,10 @@ from trainer_setup import task_rows, warm_tiny_lm
 pytest.importorskip("trl")
 
 from oar.attribution import read_records  # noqa: E402
+from oar.checkpoints import FINAL_STAGING, last_checkpoint, save_final_model  # noqa: E402
 from oar.cli import main  # noqa: E402
 from oar.files import read_jsonl  # noqa: E402
-from oar.train_run import FINAL_STAGING, last_checkpoint, load_train_dataset, save_final_model  # noqa: E402
+from oar.train_data import load_train_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,8 @@ def test_one_default_column_set_for_cli_library_and_readme(tmp_path):
     from pathlib import Path
 
     from oar.prompts import ANSWER_COLUMN, QUESTION_COLUMN
-    from oar.train_run import TrainArguments, read_train_dataset
+    from oar.train_data import read_train_dataset
+    from oar.train_run import TrainArguments
 
     assert TrainArguments().prompt_column == QUESTION_COLUMN and TrainArguments().answer_column == ANSWER_COLUMN
     for fn in (load_train_dataset, read_train_dataset):
@@ -190,3 +192,42 @@ def test_one_default_column_set_for_cli_library_and_readme(tmp_path):
     path.write_text(json.dumps({QUESTION_COLUMN: "1+1?", ANSWER_COLUMN: "2"}) + "\n")
     ds = load_train_dataset(str(path))
     assert sorted(ds.column_names) == ["answer", "prompt"] and ds[0]["prompt"].startswith("1+1?")
+
+
+def test_import_option_registers_a_user_credit_before_the_config_is_checked(workspace, user_credit_module,
+                                                                            capsys):
+    from oar.cli.train import split_oar_options
+
+    assert split_oar_options(["--import", "a", "--max_steps", "1", "--verbose", "--import=b"]) == (
+        ["--max_steps", "1"], True, ["a", "b"])
+    root, config = workspace
+    base = ["train", "--config", str(config), "--output_dir", str(root / "user"), "--max_steps", "1",
+            "--credit", "user-first", "--dataset", str(root / "missing.jsonl")]
+    assert main(base) == 2
+    assert "unknown credit 'user-first'" in capsys.readouterr().err
+    assert main([*base, "--import", user_credit_module]) == 2  # the credit is known: the next error is the data
+    err = capsys.readouterr().err
+    assert "missing.jsonl" in err and "credit" not in err
+    assert main(["train", "--import", "no_such_module_x", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_module_x" in err and len(err.strip().splitlines()) == 1
+
+
+def test_config_warnings_are_dropped_unless_verbose(workspace, capsys):
+    """Building OARConfig raises transformers' FutureWarning (gradient_checkpointing renamed); oar train drops it,
+    ``--verbose`` keeps it."""
+    import warnings
+
+    root, config = workspace
+    argv = ["train", "--config", str(config), "--output_dir", str(root / "warn"), "--max_steps", "1",
+            "--dataset", str(root / "missing.jsonl")]
+
+    def future_warnings(extra: list[str]) -> list[str]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert main([*argv, *extra]) == 2  # stops at the missing dataset, after the config is built
+        capsys.readouterr()
+        return [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
+
+    assert any("gradient_checkpointing" in m for m in future_warnings(["--verbose"]))
+    assert future_warnings([]) == []

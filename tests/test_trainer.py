@@ -151,11 +151,11 @@ def test_credit_grpo_is_bit_identical_to_trl(tmp_path, char_tokenizer, loss_type
     [("oar-g", "completion"), ("oar-p", "reference"), ("entropy", "completion"), ("random", "completion")],
 )
 def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_source, monkeypatch):
-    import oar.credit
+    import oar.credit.run
 
     probed = []  # the rows of every probe chunk (a chunk without an answer never reaches the scorer)
-    probe_chunk = oar.credit._probe_chunk
-    monkeypatch.setattr(oar.credit, "_probe_chunk", lambda m, b, idx, *a: (probed.extend(idx.tolist()),
+    probe_chunk = oar.credit.run._probe_chunk
+    monkeypatch.setattr(oar.credit.run, "_probe_chunk", lambda m, b, idx, *a: (probed.extend(idx.tolist()),
                                                                              probe_chunk(m, b, idx, *a)))
     trainer = RecordingTrainer(
         model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
@@ -279,7 +279,7 @@ def test_lora_with_kl_scores_through_the_adapter(tmp_path, char_tokenizer):
 def test_checkpoints_appear_only_when_complete(tmp_path, char_tokenizer, monkeypatch):
     from transformers.trainer_utils import get_last_checkpoint
 
-    from oar.train_run import last_checkpoint
+    from oar.checkpoints import last_checkpoint
 
     def trainer(max_steps):
         kw = grpo_kwargs(str(tmp_path), max_steps=max_steps, save_strategy="steps", save_steps=1, save_total_limit=2)
@@ -343,9 +343,16 @@ def test_every_credit_method_trains(tmp_path, char_tokenizer, credit):
         assert set(first.unique().tolist()) <= {0.0, float(first.abs().max())} or set(
             first.unique().tolist()) <= {0.0, -float(first.abs().max())}
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    assert "oar/offset_abs_mean" in logs[0] and "oar/frac_scored" in logs[0]
+    from oar.credit.metrics import METRIC_KEYS
+
+    assert set(METRIC_KEYS) <= set(logs[0]), "the TRL trainer logs the schema the verl plugin logs"
+    # the rewards the credit reads come from the _calculate_rewards override: TRL's own per-function rewards
+    kept = trainer._oar_rewards_per_func
+    assert kept.shape == (adv.shape[0], 1)
+    assert kept[:, 0].tolist() == list(trainer._logs["rewards"][trainer.reward_func_names[0]])[-adv.shape[0]:]
     records = read_records(tmp_path / "attributions.jsonl")
     assert records and all(r.credit == method.name for r in records)
+    assert [r.reward for r in records] == [float(kept[i, 0]) for i in active.nonzero().squeeze(1).tolist()[:4]]
     if method.combine in ("add", "replace"):
         assert all(r.offsets is not None for r in records)
 
@@ -407,3 +414,25 @@ def test_trainer_dump_equals_attribute_for_the_same_completions(tmp_path, char_t
         else:
             assert rec.scores[:n] == pytest.approx(att.scores, rel=1e-4, abs=1e-6)
             assert rec.weights[:n] == pytest.approx(att.weights, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [({"oar_beta": -1}, "oar_beta must be >= 0, got -1"),
+     ({"credit_options": {"beta": -1}}, "credit 'oar-g': beta must be >= 0, got -1"),
+     ({"oar_tau": 1.5}, "oar_tau must be in (0, 1), got 1.5"),
+     ({"credit_options": {"tau": 1.5}}, "credit 'oar-g': tau must be in (0, 1), got 1.5"),
+     ({"credit_options": {"floor": "0.5"}}, "credit 'oar-g': floor must be a number, got '0.5'"),
+     ({"credit": "oar-p", "oar_chunk_size": 0}, "oar_chunk_size must be >= 1, got 0"),
+     ({"credit": "oar-p", "credit_options": {"chunk_size": 0}}, "credit 'oar-p': chunk_size must be >= 1, got 0"),
+     ({"credit": "oar-p", "credit_options": {"horizon": -2}}, "credit 'oar-p': horizon must be >= 0, got -2"),
+     ({"credit": "entropy-mask", "credit_options": {"rho": 0}}, "credit 'entropy-mask': rho must be in (0, 1]")],
+)
+def test_options_are_checked_once_whether_a_field_or_credit_options_sets_them(tmp_path, kw, message):
+    """An option's declaration (type and range, oar.credit.catalogue; τ/β/floor ranges from oar.reshape) refuses
+    a bad value when OARConfig is built, the same one-line error by either route."""
+    kw = {"credit": "oar-g", **kw}
+    with pytest.raises(ValueError) as err:
+        OARConfig(**grpo_kwargs(str(tmp_path)), **kw)
+    assert str(err.value) == message or str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from oar.credit import CreditBatch, token_credit
-from oar.integrations.verl.core import METRIC_KEYS, OARVerlConfig, active_rows, fold_credit, score_shard
+from oar.credit.metrics import METRIC_KEYS
+from oar.integrations.verl.core import OARVerlConfig, active_rows, fold_credit, score_shard
 from oar.probe import OutcomeProbe, rollout_tensors
 from test_importance_perturbation import sharpen
 

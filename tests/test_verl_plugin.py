@@ -28,8 +28,9 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 
 from oar.credit import CreditBatch, token_credit  # noqa: E402
+from oar.credit.metrics import METRIC_KEYS  # noqa: E402
 from oar.integrations.verl import trainer as plugin  # noqa: E402
-from oar.integrations.verl.core import METRIC_KEYS, OARVerlConfig  # noqa: E402
+from oar.integrations.verl.core import OARVerlConfig  # noqa: E402
 from oar.probe import OutcomeProbe  # noqa: E402
 
 CHECK = """

@@ -83,6 +83,20 @@ def test_attribute_computes_with_a_model(tmp_path, char_tokenizer, tiny_qwen2):
                  "--credit", "bogus"]) == 2
 
 
+def test_attribute_imports_a_user_credit(tmp_path, char_tokenizer, tiny_qwen2, user_credit_module, capsys):
+    model_dir = tmp_path / "model"
+    tiny_qwen2.save_pretrained(model_dir)
+    char_tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "page.html"
+    argv = ["attribute", "--model", str(model_dir), "--prompt", "1?", "--completion", "1;\\boxed{1}",
+            "--credit", "user-first", "--out", str(out)]
+    assert main(argv) == 2 and "unknown credit 'user-first'" in capsys.readouterr().err
+    assert main([*argv, "--import", user_credit_module]) == 0
+    assert out.read_text().count('data-credit="user-first"') == 1
+    assert main([*argv, "--import", "no_such_module_x"]) == 2
+    assert "no_such_module_x" in capsys.readouterr().err
+
+
 def test_report_cli(tmp_path, capsys):
     for seed in (0, 1):
         make_run(tmp_path / "cmp", f"grpo-{seed}", "grpo", seed, 0.6)

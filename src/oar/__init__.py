@@ -40,8 +40,6 @@ _EXPORTS: dict[str, str] = {
     "uniform_scores": "oar.importance",
     "random_scores": "oar.importance",
     "entropy_scores": "oar.importance",
-    "get_scorer": "oar.importance",
-    "SCORERS": "oar.importance",
     # grading
     "extract_answer": "oar.grading",
     "grade_answer": "oar.grading",

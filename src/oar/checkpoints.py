@@ -1,4 +1,5 @@
-"""Checkpoints of ``OARGRPOTrainer``: atomic (staged, then renamed into place) and carrying OAR's own state.
+"""Checkpoints of ``OARGRPOTrainer``: atomic (staged, then renamed into place) and carrying OAR's own state;
+finding the last complete one (resume) and the crash-safe final save.
 
 A checkpoint is written into ``OUTPUT_DIR/.checkpoint-staging/checkpoint-N`` and renamed to
 ``OUTPUT_DIR/checkpoint-N`` once every rank has written its files, so a ``checkpoint-N`` directory is never
@@ -9,10 +10,13 @@ so a resumed run draws exactly what the uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +27,8 @@ from oar.files import replace_dir
 
 # no "checkpoint-" prefix: transformers' rotation and resume never see it
 STAGING_DIR = ".checkpoint-staging"
+FINAL_STAGING = ".model-staging"  # where the final model is saved before it is renamed into OUTPUT_DIR
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 OAR_STATE = "oar_state_{rank}.pth"
 
 logger = logging.getLogger(__name__)
@@ -85,3 +91,52 @@ def rotate(trainer: Any, run_dir: str) -> None:
         output_dir=run_dir, save_total_limit=trainer.args.save_total_limit,
         best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True,
     )
+
+
+def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The highest ``checkpoint-N`` in ``output_dir`` whose ``trainer_state.json`` is complete, else None.
+
+    ``OARGRPOTrainer`` renames a checkpoint into place only once complete; for one written in place by another
+    Trainer, which writes ``trainer_state.json`` last, a checkpoint interrupted mid-save is skipped too.
+    """
+    out = Path(output_dir)
+    if not out.is_dir():
+        return None
+    steps = sorted(
+        (int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))
+    )
+    for _, path in reversed(steps):
+        try:
+            json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        return str(path)
+    return None
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    """``global_step`` of a complete checkpoint (from its ``trainer_state.json``)."""
+    return int(json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))["global_step"])
+
+
+def save_final_model(trainer: Any, output_dir: str | os.PathLike) -> None:
+    """``trainer.save_model(output_dir)``, crash-safe: every process saves into ``output_dir/.model-staging/``;
+    once all files are written the main process renames each into ``output_dir`` (``os.replace``), so an
+    interrupted save never leaves a truncated weight file. Pushes to the hub afterwards if ``args.push_to_hub``."""
+    out = Path(output_dir)
+    staging = out / FINAL_STAGING
+    if trainer.is_world_process_zero():
+        shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging), _internal_call=True)  # every rank (gathers sharded weights)
+    trainer.accelerator.wait_for_everyone()
+    if trainer.is_world_process_zero():
+        for item in sorted(staging.iterdir()):
+            if item.is_dir():
+                replace_dir(item, out / item.name)
+            else:
+                os.replace(item, out / item.name)
+        staging.rmdir()
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.push_to_hub:
+        trainer.push_to_hub(commit_message="Final model")

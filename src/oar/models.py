@@ -7,11 +7,13 @@ and loaded from there afterwards. transformers is imported lazily.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +63,30 @@ def _finish_tokenizer(tokenizer: Any, model: Any) -> None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
+@contextlib.contextmanager
+def gguf_bars_follow_transformers() -> Iterator[None]:
+    """transformers draws its GGUF de-quantization bar with plain ``tqdm``, ignoring its own progress-bar switch;
+    inside the block that bar follows the switch (off inside :func:`oar.quiet.quiet_libraries`, on with
+    ``--verbose``)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as tf_logging
+
+    saved = gguf_utils.tqdm
+    gguf_utils.tqdm = tf_logging.tqdm
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = saved
+
+
 def _convert_gguf(source: str, gguf_file: str, target: Path) -> None:
     """De-quantize ``source``/``gguf_file`` (a directory or hub repo) and save it at ``target`` atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
-        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file)
+        with gguf_bars_follow_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+            model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"could not load GGUF model {gguf_file!r} from {source!r}: {err}") from err
     # the weights are de-quantized in memory; save them as a plain (unquantized) checkpoint

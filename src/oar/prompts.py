@@ -1,5 +1,5 @@
 """The one prompt template of training and evaluation: a user message with a ``{question}`` placeholder, and
-the columns a raw training row holds (``oar train``, :func:`oar.train_run.load_train_dataset` and the README)."""
+the columns a raw training row holds (``oar train``, :func:`oar.train_data.load_train_dataset` and the README)."""
 
 from __future__ import annotations
 

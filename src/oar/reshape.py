@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import torch
 
-# OAR_SPEC §4 defaults (the one home of τ, β and the floor)
+from oar.ranges import check_range
+
+# OAR_SPEC §4 defaults (the one home of τ, β and the floor) and their valid ranges (checked here, by OARConfig's
+# oar_tau/oar_beta/oar_floor and by every credit method's tau/beta/floor option)
 TAU = 0.25
 BETA = 1.0
 FLOOR = 0.1
+TAU_RANGE = "in (0, 1)"
+BETA_RANGE = ">= 0"
+FLOOR_RANGE = "in [0, 1]"
 
 
 def _check_args(scores: torch.Tensor, mask: torch.Tensor, tau: float, beta: float, floor: float) -> None:
@@ -25,12 +31,9 @@ def _check_args(scores: torch.Tensor, mask: torch.Tensor, tau: float, beta: floa
         raise ValueError(f"mask shape {tuple(mask.shape)} != scores shape {tuple(scores.shape)}")
     if mask.device != scores.device:
         raise ValueError(f"mask is on {mask.device} but scores are on {scores.device}")
-    if not 0.0 < tau < 1.0:
-        raise ValueError(f"tau must be in (0, 1), got {tau!r}")
-    if not beta >= 0.0:
-        raise ValueError(f"beta must be >= 0, got {beta!r}")
-    if not 0.0 <= floor <= 1.0:
-        raise ValueError(f"floor must be in [0, 1], got {floor!r}")
+    check_range("tau", tau, TAU_RANGE)
+    check_range("beta", beta, BETA_RANGE)
+    check_range("floor", floor, FLOOR_RANGE)
 
 
 def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:

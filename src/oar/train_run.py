@@ -1,37 +1,26 @@
-"""Everything ``oar train`` does, as importable functions: arguments, dataset, run directory, resume, training.
+"""``oar train`` as importable functions: its arguments, the trainer it builds, resume, training, the summary.
 
-Run directory (read by ``oar compare`` and ``oar report``)::
-
-    RUN_DIR/run.json           {"credit", "seed", "model", "dataset", ..., "config": {...}, "summary": {...}}
-    RUN_DIR/metrics.jsonl      one JSON object per logging step: "step", "wall_time" (s since training start,
-                               continued across resumes) and every logged key (TRL's and "oar/...")
-    RUN_DIR/attributions.jsonl token-credit dumps (``oar_dump_every > 0``)
-    RUN_DIR/checkpoint-N/      TRL checkpoints, renamed into place when complete; ``--resume`` continues from the last
+The pieces live in their own modules: the data (:mod:`oar.train_data`), the ``--config`` file check
+(:mod:`oar.config_file`), the run directory (:mod:`oar.rundir`), checkpoints and the final save
+(:mod:`oar.checkpoints`).
 """
 
 from __future__ import annotations
 
-import enum
 import json
-import math
-import os
-import re
-import shutil
-import time
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from oar.files import append_jsonl, atomic_write, check_writable_dir, read_jsonl, replace_dir
-from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template, fill_template
+from oar.checkpoints import checkpoint_step, last_checkpoint, save_final_model
+from oar.config_file import check_config_file
+from oar.files import check_writable_dir, read_jsonl
+from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template
+from oar.rundir import RunDirCallback
+from oar.train_data import format_train_dataset, read_train_dataset
 from oar.trainer import OARConfig
-
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-FINAL_STAGING = ".model-staging"
 
 
 @dataclass
@@ -85,67 +74,6 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
     return script_args, config
 
 
-def check_config_file(path: str, dataclasses: tuple[type, ...]) -> dict[str, Any]:
-    """The ``--config`` YAML mapping, with a ValueError naming the file and line for bad YAML and naming the
-    field for a value of the wrong type (``max_steps: 2.5``, a list for a float)."""
-    import yaml
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise ValueError(f"cannot read --config {path!r}: {err.strerror or err}") from err
-    try:
-        mapping = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else path
-        raise ValueError(f"{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from err
-    if not isinstance(mapping, dict):
-        raise ValueError(f"--config {path!r} must hold a YAML mapping of field: value, got {type(mapping).__name__}")
-    hints: dict[str, Any] = {}
-    for cls in dataclasses:
-        hints.update(typing.get_type_hints(cls))
-    for key, value in mapping.items():
-        if key in hints and not _fits(value, hints[key]):
-            raise ValueError(f"{path}: {key}: {value!r} is not a valid {_type_name(hints[key])}")
-    return mapping
-
-
-_SIMPLE = {int: (int,), float: (int, float), str: (str,), bool: (bool,), list: (list,), dict: (dict,)}
-
-
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether a YAML value can be a field of type ``hint`` (unknown or complex types always fit)."""
-    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    for member in members:
-        if member is type(None):
-            if value is None:
-                return True
-            continue
-        base = typing.get_origin(member) or member
-        if base not in _SIMPLE or isinstance(base, type) and issubclass(base, enum.Enum):
-            return True  # Literal, enums, callables, ...: left to the dataclass
-        if isinstance(value, _SIMPLE[base]) and not (isinstance(value, bool) and base is not bool):
-            return True
-        if isinstance(value, str) and base in (int, float, bool) and _parses(value, base):
-            return True  # argparse converts string defaults: YAML reads 1e-3 as text
-    return False
-
-
-def _parses(text: str, base: type) -> bool:
-    if base is bool:
-        return text.lower() in ("true", "false", "yes", "no", "1", "0", "y", "n", "t", "f")
-    try:
-        base(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _type_name(hint: Any) -> str:
-    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
-
-
 def check_steps(config: OARConfig) -> None:
     """Step counts transformers would silently reinterpret: ``max_steps`` 0 or below -1 (it would train
     ``num_train_epochs`` instead), non-positive ``save_steps``/``logging_steps`` under the "steps" strategy."""
@@ -155,189 +83,6 @@ def check_steps(config: OARConfig) -> None:
         value = getattr(config, name)
         if str(getattr(getattr(config, strategy), "value", getattr(config, strategy))) == "steps" and not value > 0:
             raise ValueError(f"{name} must be > 0 with {strategy}='steps', got {value}")
-
-
-# --- dataset -------------------------------------------------------------------------------------------
-
-
-def _gold(value: Any) -> str:
-    """A gold answer as text: the last boxed expression of a worked solution, else ``normalize_gold``."""
-    from oar.answer_span import locate_answer
-    from oar.grading import normalize_gold
-
-    if isinstance(value, str) and "\\boxed" in value:
-        span = locate_answer(value, phrases=())
-        if span is not None:
-            value = span.answer(value)
-    return normalize_gold(value)
-
-
-def read_train_dataset(
-    source: str,
-    prompt_column: str = QUESTION_COLUMN,
-    answer_column: str = ANSWER_COLUMN,
-    split: str = "train",
-    config_name: str | None = None,
-    max_samples: int | None = None,
-):
-    """The raw ``datasets.Dataset``, every row checked: ``prompt_column`` non-empty text and ``answer_column``
-    present (not None/NaN/empty) in each row.
-
-    ``source``: a local .jsonl/.json/.parquet file or dataset directory, else a hub id. ValueError naming the
-    file and line of malformed JSON, an empty dataset, a missing column, or the row and column of a bad value.
-    """
-    import datasets
-
-    path = Path(source).expanduser()
-    looks_local = path.suffix in (".jsonl", ".json", ".parquet") or source.startswith(("/", ".", "~"))
-    if path.is_file():
-        if path.suffix != ".parquet":
-            _check_json_file(path)
-        fmt = "parquet" if path.suffix == ".parquet" else "json"
-        ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
-    elif path.is_dir():
-        ds = datasets.load_from_disk(str(path)) if (path / "dataset_info.json").is_file() \
-            else datasets.load_dataset(str(path), split=split)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[split]
-    elif looks_local:
-        raise FileNotFoundError(f"dataset file {source!r} does not exist")
-    else:
-        ds = datasets.load_dataset(source, config_name, split=split)
-    if len(ds) == 0:
-        raise ValueError(f"dataset {source!r} has no rows")
-    for role, col in (("prompt_column", prompt_column), ("answer_column", answer_column)):
-        if col not in ds.column_names:
-            raise ValueError(f"dataset {source!r} has no column {col!r} ({role}); columns: {ds.column_names}")
-    if max_samples is not None:
-        ds = ds.select(range(min(max_samples, len(ds))))
-    _check_rows(source, ds[prompt_column], ds[answer_column], prompt_column, answer_column)
-    return ds
-
-
-def _check_json_file(path: Path) -> None:
-    """ValueError naming ``FILE:LINE`` of malformed JSON Lines (a .json file may instead hold one JSON document),
-    or an empty file."""
-    from oar.files import iter_jsonl
-
-    if path.suffix == ".json":
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-            return
-        except json.JSONDecodeError as err:
-            first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()), "")
-            try:
-                json.loads(first)
-            except json.JSONDecodeError:  # not JSON Lines either: the document's own error
-                raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from err
-    if sum(1 for _ in iter_jsonl(path)) == 0:  # reads every line: a bad one raises naming FILE:LINE
-        raise ValueError(f"dataset file {str(path)!r} has no rows")
-
-
-def _check_rows(source: str, prompts: list, answers: list, prompt_column: str, answer_column: str) -> None:
-    from oar.grading import missing_gold
-
-    for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True), 1):
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"dataset {source!r} row {i}: column {prompt_column!r} must be non-empty text, "
-                             f"got {prompt!r}")
-        if missing_gold(answer):
-            raise ValueError(f"dataset {source!r} row {i}: column {answer_column!r} has no answer, got {answer!r}")
-
-
-def format_train_dataset(ds, prompt_column: str = QUESTION_COLUMN, answer_column: str = ANSWER_COLUMN,
-                         prompt_template: str = PROMPT_TEMPLATE, conversational: bool = False):
-    """The columns ``prompt`` (text, or a one-turn chat) and ``answer`` (gold text) of a checked raw dataset."""
-
-    def convert(row: dict[str, Any]) -> dict[str, Any]:
-        text = fill_template(prompt_template, str(row[prompt_column]))
-        prompt = [{"role": "user", "content": text}] if conversational else text
-        return {"prompt": prompt, "answer": _gold(row[answer_column])}
-
-    return ds.map(convert, remove_columns=ds.column_names)
-
-
-def load_train_dataset(
-    source: str,
-    prompt_column: str = QUESTION_COLUMN,
-    answer_column: str = ANSWER_COLUMN,
-    prompt_template: str = PROMPT_TEMPLATE,
-    conversational: bool = False,
-    split: str = "train",
-    config_name: str | None = None,
-    max_samples: int | None = None,
-):
-    """:func:`read_train_dataset` then :func:`format_train_dataset`: a ``datasets.Dataset`` with the columns
-    ``prompt`` and ``answer``."""
-    ds = read_train_dataset(source, prompt_column, answer_column, split, config_name, max_samples)
-    return format_train_dataset(ds, prompt_column, answer_column, prompt_template, conversational)
-
-
-# --- run directory -------------------------------------------------------------------------------------
-
-
-def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> None:
-    """Write ``data`` as indented JSON to ``path``, atomically."""
-    atomic_write(path, json.dumps(data, indent=2, default=str))
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-class RunDirCallback(TrainerCallback):
-    """Writes ``run.json`` and ``metrics.jsonl`` into ``args.output_dir`` (main process only).
-
-    ``run_info``: what identifies the run (credit, seed, model, ...); stored in ``run.json`` with the full
-    config, plus a ``summary`` (TRL's final train metrics) when training ends. On resume, records past the
-    checkpoint's step are dropped and ``wall_time`` continues from the last kept record.
-    """
-
-    def __init__(self, run_info: dict[str, Any] | None = None) -> None:
-        self.run_info = dict(run_info or {})
-        self._t0 = 0.0
-
-    def _paths(self, args) -> tuple[Path, Path]:
-        out = Path(args.output_dir)
-        return out / "run.json", out / "metrics.jsonl"
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        run_json, metrics = self._paths(args)
-        offset = 0.0
-        if metrics.is_file():  # resumed (or restarted) run: keep what the checkpoint covers
-            kept = [r for r in read_jsonl(metrics) if r.get("step", 0) <= state.global_step]
-            offset = max((r.get("wall_time", 0.0) for r in kept), default=0.0)
-            atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
-        self._t0 = time.time() - offset
-        info = {"credit": getattr(args, "credit", "grpo"), "seed": args.seed, **self.run_info}
-        info["config"] = args.to_dict()
-        info["resumed_from_step"] = state.global_step
-        write_json_atomic(run_json, info)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        run_json, metrics = self._paths(args)
-        if "train_runtime" in logs:  # the end-of-training summary belongs to run.json, not the curve
-            info = json.loads(run_json.read_text(encoding="utf-8")) if run_json.is_file() else {}
-            info["summary"] = {k: _clean(v) for k, v in logs.items()}
-            write_json_atomic(run_json, info)
-            return
-        record = {"step": state.global_step, "wall_time": round(self.elapsed(), 3)}
-        record.update({k: _clean(v) for k, v in logs.items()})
-        self.append(args, record)
-
-    def elapsed(self) -> float:
-        """A record's ``wall_time``: seconds since training start, continued across resumes."""
-        return time.time() - self._t0
-
-    def append(self, args, record: dict[str, Any]) -> None:
-        """Append ``record`` as one line of ``metrics.jsonl`` (one write per line)."""
-        append_jsonl(self._paths(args)[1], [record], default=float)
 
 
 class TrainProgressCallback(TrainerCallback):
@@ -370,27 +115,6 @@ class TrainProgressCallback(TrainerCallback):
         if self.lines is not None:
             self.lines.close()
             self.lines = None
-
-
-def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The highest ``checkpoint-N`` in ``output_dir`` whose ``trainer_state.json`` is complete, else None.
-
-    ``OARGRPOTrainer`` renames a checkpoint into place only once complete; for one written in place by another
-    Trainer, which writes ``trainer_state.json`` last, a checkpoint interrupted mid-save is skipped too.
-    """
-    out = Path(output_dir)
-    if not out.is_dir():
-        return None
-    steps = sorted(
-        (int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))
-    )
-    for _, path in reversed(steps):
-        try:
-            json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            continue
-        return str(path)
-    return None
 
 
 # --- training ------------------------------------------------------------------------------------------
@@ -436,29 +160,6 @@ def build_trainer(script_args: TrainArguments, config: OARConfig, reward_funcs=N
     return trainer
 
 
-def save_final_model(trainer: Any, output_dir: str | os.PathLike) -> None:
-    """``trainer.save_model(output_dir)``, crash-safe: every process saves into ``output_dir/.model-staging/``;
-    once all files are written the main process renames each into ``output_dir`` (``os.replace``), so an
-    interrupted save never leaves a truncated weight file. Pushes to the hub afterwards if ``args.push_to_hub``."""
-    out = Path(output_dir)
-    staging = out / FINAL_STAGING
-    if trainer.is_world_process_zero():
-        shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
-    trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(staging), _internal_call=True)  # every rank (gathers sharded weights)
-    trainer.accelerator.wait_for_everyone()
-    if trainer.is_world_process_zero():
-        for item in sorted(staging.iterdir()):
-            if item.is_dir():
-                replace_dir(item, out / item.name)
-            else:
-                os.replace(item, out / item.name)
-        staging.rmdir()
-    trainer.accelerator.wait_for_everyone()
-    if trainer.args.push_to_hub:
-        trainer.push_to_hub(commit_message="Final model")
-
-
 def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=None,
                  callbacks=None) -> dict[str, Any]:
     """Train (or resume), save the final model into ``output_dir`` and return a summary of the run.
@@ -489,11 +190,6 @@ def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=No
     save_final_model(trainer, config.output_dir)
     records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
     return summarize_run(records, metrics, config, checkpoint)
-
-
-def checkpoint_step(checkpoint: str | os.PathLike) -> int:
-    """``global_step`` of a complete checkpoint (from its ``trainer_state.json``)."""
-    return int(json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))["global_step"])
 
 
 # OARConfig fields a resumed run may change: how long it trains, what it logs, where and how often it saves

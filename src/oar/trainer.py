@@ -25,18 +25,17 @@ from trl import GRPOConfig, GRPOTrainer
 from oar import checkpoints
 from oar.checkpoints import STAGING_DIR
 from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token_credit
+from oar.credit.metrics import metric_totals, metrics_from_totals
 from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
 from oar.probe import DEFAULT_CONCLUDE
-from oar.reshape import BETA, FLOOR, TAU, weight_stats
+from oar.ranges import check_range
+from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
 
 PROBE_MODES = ("last", "answer_mean", "answer_joint")
 ANSWER_SOURCES = ("completion", "reference")
 # OARConfig fields handed to a credit method as these options, when the method declares them
 _OPTION_FIELDS = {"tau": "oar_tau", "beta": "oar_beta", "floor": "oar_floor", "mode": "probe_mode",
                   "noise_std": "noise_std", "chunk_size": "oar_chunk_size", "temperature": "temperature"}
-# metric keys of weight_stats, logged as "oar/weight_<key>" (ess_ratio and gini keep their own name)
-_STAT_KEYS = ("mean", "std", "max", "min", "frac_suppressed", "frac_floor", "ess_ratio", "gini")
-_COUNT_KEYS = ("total", "scored", "uniform", "no_answer", "too_short", "nonfinite", "tokens", "offset_abs")
 logger = logging.getLogger(__name__)
 
 
@@ -116,12 +115,9 @@ class OARConfig(GRPOConfig):
             raise ValueError(f"probe_mode must be one of {PROBE_MODES} or None, got {self.probe_mode!r}")
         if self.answer_source not in ANSWER_SOURCES:
             raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {self.answer_source!r}")
-        if not 0.0 < self.oar_tau < 1.0:
-            raise ValueError(f"oar_tau must be in (0, 1), got {self.oar_tau!r}")
-        if not self.oar_beta >= 0.0:
-            raise ValueError(f"oar_beta must be >= 0, got {self.oar_beta!r}")
-        if not 0.0 <= self.oar_floor <= 1.0:
-            raise ValueError(f"oar_floor must be in [0, 1], got {self.oar_floor!r}")
+        check_range("oar_tau", self.oar_tau, TAU_RANGE)
+        check_range("oar_beta", self.oar_beta, BETA_RANGE)
+        check_range("oar_floor", self.oar_floor, FLOOR_RANGE)
         if self.noise_std is not None and not (self.noise_std >= 0.0 and math.isfinite(self.noise_std)):
             raise ValueError(f"noise_std must be a finite number >= 0, got {self.noise_std!r}")
         opts = self.method_options(method)
@@ -143,10 +139,14 @@ class OARConfig(GRPOConfig):
 
     def method_options(self, method: Any = None) -> dict[str, Any]:
         """The credit method's options: its declared defaults, then the matching OAR fields, then
-        ``credit_options`` (ValueError naming an option the method does not declare)."""
+        ``credit_options``; ValueError naming an option the method does not declare or a value its declaration
+        refuses (``oar_beta must be >= 0, got -1``, ``credit 'oar-g': beta must be >= 0, got -1``)."""
         method = method or get_credit(self.credit)
         fields_ = {k: getattr(self, f) for k, f in _OPTION_FIELDS.items()
                    if k in method.options and getattr(self, f) is not None}
+        for k, value in fields_.items():  # the option's declaration, the field's name in the error
+            if k in method.specs:
+                method.specs[k].check(_OPTION_FIELDS[k], value)
         return method.check_options({**fields_, **(self.credit_options or {})})
 
 
@@ -275,35 +275,15 @@ class OARGRPOTrainer(GRPOTrainer):
         )
 
     def _log_oar_metrics(self, credit: TokenCredit, seconds: float) -> None:
-        """Reduce the diagnostics over ranks (token-weighted means) and queue them for TRL's ``log``. Every
-        rank logs the same keys, whatever it scored."""
-        c = credit.counts()
-        c["total"] = credit.flags["scored"].shape[0]
-        c["too_short"] += c.pop("too_long")
-        c["offset_abs"] = float(credit.offsets[credit.mask].abs().sum())
-        n_tok = float(c["tokens"])
-        stats = weight_stats(credit.weights, credit.mask) if n_tok else dict.fromkeys(_STAT_KEYS, 0.0)
-        local = [float(c[k]) for k in _COUNT_KEYS] + [n_tok * stats[k] for k in _STAT_KEYS]
-        local += [stats["max"] if n_tok else -math.inf, stats["min"] if n_tok else math.inf, seconds]
+        """Reduce the diagnostics over ranks (:mod:`oar.credit.metrics`: the schema the verl plugin logs too) and
+        queue them for TRL's ``log``, with ``oar/importance_time`` (the slowest rank's seconds). Every rank logs
+        the same keys, whatever it scored."""
+        local = metric_totals(credit.weights, credit.offsets, credit.mask, credit.flags) + [seconds]
         g = self.accelerator.gather(torch.tensor(local, dtype=torch.float64, device=self.accelerator.device))
         g = g.view(self.accelerator.num_processes, -1)
-        tot = dict(zip(_COUNT_KEYS, g[:, : len(_COUNT_KEYS)].sum(0).tolist(), strict=True))
-        sums = g[:, len(_COUNT_KEYS) : len(_COUNT_KEYS) + len(_STAT_KEYS)].sum(0).tolist()
         m = self._metrics["train"]
-        scored, tokens = tot["scored"], tot["tokens"]
-        m["oar/frac_scored"].append(scored / max(tot["total"], 1.0))
-        for k in ("uniform", "no_answer", "too_short", "nonfinite"):
-            m[f"oar/frac_{k}"].append(tot[k] / scored if scored else 0.0)
-        m["oar/offset_abs_mean"].append(tot["offset_abs"] / tokens if tokens else 0.0)
-        for k, s in zip(_STAT_KEYS, sums, strict=True):
-            name = k if k in ("ess_ratio", "gini") else f"weight_{k}"
-            if k == "max":
-                value = g[:, -3].max().item() if tokens else 1.0
-            elif k == "min":
-                value = g[:, -2].min().item() if tokens else 1.0
-            else:
-                value = s / tokens if tokens else (1.0 if k in ("mean", "ess_ratio") else 0.0)
-            m[f"oar/{name}"].append(value)
+        for key, value in metrics_from_totals(g[:, :-1]).items():
+            m[key].append(value)
         m["oar/importance_time"].append(g[:, -1].max().item())
 
     def _dump_attributions(self, inputs: list[dict[str, Any]], output: dict[str, Any], credit: TokenCredit,
@@ -336,11 +316,25 @@ class OARGRPOTrainer(GRPOTrainer):
         os.makedirs(self.args.output_dir, exist_ok=True)
         append_records(os.path.join(self.args.output_dir, "attributions.jsonl"), records)
 
+    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> torch.Tensor:
+        """TRL's per-function rewards of the rollout batch (``[N, F]``, all processes, rank order), kept on the
+        trainer for the credit methods that read rewards, the attribution dumps and the reward check."""
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._oar_rewards_per_func = rewards_per_func.detach().float().cpu().clone()
+        return rewards_per_func
+
+    def _rewards_per_func(self, n: int) -> torch.Tensor:
+        """``[F, n]``: the latest rollout batch's rewards per reward function (``n``: all processes' completions)."""
+        per_func = getattr(self, "_oar_rewards_per_func", None)
+        if per_func is None or per_func.shape[0] != n:
+            raise RuntimeError(f"oar: expected the rewards of {n} completions from TRL's _calculate_rewards, got "
+                               f"{None if per_func is None else tuple(per_func.shape)}")
+        return per_func.T
+
     def _rollout_rewards(self, n: int) -> list[float]:
         """TRL's total reward (``reward_weights``-weighted sum) of the latest rollout batch's ``n`` completions
-        (all processes, rank order); NaN where no reward function scored one. TRL keeps the per-function
-        rewards in ``_logs["rewards"]``, not in the batch it hands to the loss."""
-        per_func = torch.tensor([list(self._logs["rewards"][name])[-n:] for name in self.reward_func_names])
+        (all processes, rank order); NaN where no reward function scored one."""
+        per_func = self._rewards_per_func(n)
         total = (per_func * self.reward_weights.cpu()[:, None]).nansum(0)
         return [float("nan") if unscored else float(r)
                 for r, unscored in zip(total, per_func.isnan().all(0), strict=True)]
@@ -349,8 +343,7 @@ class OARGRPOTrainer(GRPOTrainer):
         """Log ``oar/nonfinite_rewards`` (completions of the latest rollout batch, all ranks, whose reward is inf,
         or NaN from every reward function) and warn when there are any: TRL zeroes their advantages (an inf
         zeroes its whole group's), so they train on nothing."""
-        p = self.accelerator.num_processes
-        per_func = torch.tensor([list(self._logs["rewards"][name])[-n * p :] for name in self.reward_func_names])
+        per_func = self._rewards_per_func(n * self.accelerator.num_processes)
         bad = per_func.isinf().any(0) | per_func.isnan().all(0)  # [n * p]
         count = int(bad.sum())
         self._metrics["train"]["oar/nonfinite_rewards"].append(float(count))

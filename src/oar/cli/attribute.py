@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from oar.cli.parser import add_import_option
+
 
 def _step(value: str) -> int | str:
     if value == "last":
@@ -35,12 +37,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     p.add_argument("--batch-size", type=int, default=4, help="completions scored together (default 4)")
     p.add_argument("--title", default="OAR token credit", help="page title")
+    add_import_option(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from oar.credit import import_modules
     from oar.viz.records import collect_records
 
+    import_modules(args.modules)
     if args.prompt is not None and args.from_jsonl is not None:
         raise ValueError("give either --prompt/--completion or --from-jsonl, not both")
     if args.prompt is None and args.from_jsonl is None:

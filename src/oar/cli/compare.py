@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from oar.cli.parser import add_import_option
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("compare", help="train GRPO and OAR side by side on the arithmetic lab")
@@ -29,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep finished runs in --out that have the same configuration (continue an interrupted run)")
     p.add_argument("--verbose", action="store_true",
                    help="show the libraries' own warnings, logs and progress bars (hidden by default)")
+    add_import_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--credits is empty: {args.credits!r}")
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
                       verbosity=args.verbosity, workers=args.workers, resume=args.resume, regime=args.regime,
-                      run_overrides={"clock": args.clock}, verbose=args.verbose)
+                      run_overrides={"clock": args.clock}, verbose=args.verbose,
+                      imports=tuple(args.modules))
     print_summary(results, args.out)
     return 0

@@ -37,4 +37,11 @@ def one_line_errors() -> Iterator[None]:
         argparse.ArgumentParser.error = saved  # type: ignore[method-assign]
 
 
-__all__ = ["OneLineParser", "one_line_error", "one_line_errors"]
+def add_import_option(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE`` (repeatable, into ``args.modules``): modules imported before the command runs, so
+    the credit methods they register are known (:func:`oar.credit.import_modules`)."""
+    parser.add_argument("--import", dest="modules", action="append", metavar="MODULE", default=[],
+                        help="import this module first (it registers its own credit methods); repeatable")
+
+
+__all__ = ["OneLineParser", "add_import_option", "one_line_error", "one_line_errors"]

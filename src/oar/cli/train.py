@@ -1,8 +1,9 @@
 """``oar train``: GRPO with OAR token credit. Parsing and wiring only; the work is in :mod:`oar.train_run`.
 
 Every ``OARConfig`` / ``GRPOConfig`` field is an option (``--credit oar-p``, ``--loss_type dapo``, ...), read
-by TRL's own parser, so ``--config FILE.yaml`` and overrides work exactly as in TRL's scripts; ``--verbose``
-(taken out before TRL's parser sees the arguments) keeps the libraries' own warnings, logs and progress bars.
+by TRL's own parser, so ``--config FILE.yaml`` and overrides work exactly as in TRL's scripts. Taken out before
+TRL's parser sees the arguments: ``--verbose`` keeps the libraries' own warnings, logs and progress bars;
+``--import MODULE`` (repeatable) imports a module registering its own credit methods first.
 """
 
 from __future__ import annotations
@@ -21,14 +22,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def split_oar_options(argv: list[str]) -> tuple[list[str], bool, list[str]]:
+    """``argv`` without ``oar``'s own options, whether ``--verbose`` was given, and the ``--import`` modules
+    (``--import MODULE`` or ``--import=MODULE``). ValueError for an ``--import`` without a module."""
+    rest, modules, verbose = [], [], False
+    it = iter(argv)
+    for arg in it:
+        if arg == "--verbose":
+            verbose = True
+        elif arg == "--import":
+            module = next(it, None)
+            if module is None or module.startswith("--"):
+                raise ValueError("--import needs a module name (--import MODULE)")
+            modules.append(module)
+        elif arg.startswith("--import="):
+            modules.append(arg.partition("=")[2])
+        else:
+            rest.append(arg)
+    return rest, verbose, modules
+
+
 def run(args: argparse.Namespace) -> int:
     from oar.cli.parser import one_line_errors
+    from oar.credit import import_modules
     from oar.quiet import quiet_libraries
     from oar.train_run import parse_train_args, run_training
 
-    verbose = "--verbose" in args.argv
-    with one_line_errors():  # TRL's parser, built in oar.train_run, reports a bad option in one line too
-        script_args, config = parse_train_args([a for a in args.argv if a != "--verbose"])
+    argv, verbose, modules = split_oar_options(args.argv)
+    import_modules(modules)  # before OARConfig checks the credit name
+    # TRL's parser, built in oar.train_run, reports a bad option in one line too; building the config raises
+    # transformers' deprecation warnings, which quiet_libraries drops
+    with quiet_libraries(verbose), one_line_errors():
+        script_args, config = parse_train_args(argv)
     with quiet_libraries(verbose):
         summary = run_training(script_args, config)
     print("oar train: done")

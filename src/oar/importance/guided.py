@@ -24,13 +24,10 @@ import math
 
 import torch
 
-from oar.credit import register_credit
 from oar.importance.gradient import gradient_scores
 from oar.importance.perturbation import perturbation_scores
-from oar.reshape import BETA, FLOOR, TAU
 
 CALIBRATIONS = ("median", "below")
-OAR_PAPER = "Outcome-Grounded Advantage Reshaping, arXiv 2601.07408"
 
 
 def top_fraction(scores: torch.Tensor, mask: torch.Tensor, k: float) -> torch.Tensor:
@@ -75,16 +72,6 @@ def calibrate(guide: torch.Tensor, exact: torch.Tensor, exact_mask: torch.Tensor
     return out.masked_fill(~mask, 0.0)
 
 
-@register_credit(
-    "oar-pg", combine="multiply", needs_policy=True, needs_probe=True,
-    passes="OAR-G's (1 forward + 1 backward to the inputs per scorer batch) + the probe suffix from each of "
-           "OAR-G's top-k reasoning tokens (a fraction k of OAR-P's)",
-    paper=f"extension of this project on {OAR_PAPER} (OAR-P guided by OAR-G)",
-    summary="OAR-P exactly on OAR-G's top-k tokens, the rest OAR-G mapped onto OAR-P's scale per row, "
-            "Bi-Level weights",
-    options={"k": 0.25, "mode": "last", "guide_mode": "answer_mean", "noise_std": 1e-3, "calibration": "median",
-             "replace_id": None, "chunk_size": 16, "tau": TAU, "beta": BETA, "floor": FLOOR},
-)
 def guided_perturbation_scores(
     model: torch.nn.Module,
     input_ids: torch.Tensor,

@@ -166,13 +166,12 @@ def prefix_scores_naive(model, input_ids, attention_mask, reasoning_mask, answer
             cut_after = [i + 1 for i, t in enumerate(reasoning_ids.tolist()) if t in set(ends.tolist())]
             cuts = [0] + [c for c in cut_after if c < len(reasoning_ids)] + [len(reasoning_ids)]
 
-            def phi(n: int) -> float:
+            values = []
+            for n in cuts:  # the answer's mean log-probability with the reasoning cut after n tokens
                 x = torch.cat([head, reasoning_ids[:n], tail])[None]
                 logp = torch.log_softmax(model(x).logits[0].float(), dim=-1)
                 a = len(head) + n + tail_answer.nonzero().squeeze(1)
-                return float(logp[a - 1, x[0, a]].mean())
-
-            values = [phi(n) for n in cuts]
+                values.append(float(logp[a - 1, x[0, a]].mean()))
             full = torch.zeros(len(reasoning_ids))
             for s in range(len(cuts) - 1):
                 full[cuts[s] : cuts[s + 1]] = abs(values[s + 1] - values[s])

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from oar.credit import get_credit
+from oar.credit import credit_column, import_modules
 from oar.files import atomic_write, read_jsonl
 from oar.lab.run import RunConfig, credit_defaults, train_lab
 from oar.lab.summary import format_results_table, summarize_comparison
@@ -49,25 +49,6 @@ PRESETS: dict[str, ComparePreset] = {
     "default": ComparePreset(("grpo", "oar-g"), 2, 240.0, 20, 256, 4),
     "study": ComparePreset(("grpo", "oar-g", "oar-p"), 6, 300.0, 30, 512, 4),
 }
-
-
-def credit_column(spec: str) -> tuple[str, dict]:
-    """A comparison column ``NAME`` or ``NAME@OPT=VALUE&OPT=VALUE`` (e.g. ``oar-g@beta=2``): the credit and its
-    options (values parsed as JSON, else kept as text). ValueError naming an unknown credit or option."""
-    if "/" in spec or "\\" in spec or ".." in spec:  # the column names its run directories
-        raise ValueError(f"credit column {spec!r} must not contain '/', '\\' or '..'")
-    name, _, opts = spec.strip().partition("@")
-    options = {}
-    for pair in filter(None, opts.split("&")):
-        key, eq, value = pair.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"credit column {spec!r}: expected OPT=VALUE after '@', got {pair!r}")
-        try:
-            options[key.strip()] = json.loads(value)
-        except ValueError:
-            options[key.strip()] = value.strip()
-    get_credit(name).check_options(options)  # ValueError naming an unknown credit or option
-    return name.strip().lower(), options
 
 
 def _finite(obj):
@@ -114,13 +95,15 @@ def _die_with_parent(parent: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="oar-die-with-parent", daemon=True).start()
 
 
-def worker_pool(workers: int, events=None, verbose: bool = False) -> ProcessPoolExecutor:
-    """``workers`` spawned processes that exit when this process dies (see :func:`_die_with_parent`) and send
-    their progress reports to ``events`` (see :func:`_init_worker`)."""
+def worker_pool(workers: int, events=None, verbose: bool = False,
+                imports: tuple[str, ...] = ()) -> ProcessPoolExecutor:
+    """``workers`` spawned processes that exit when this process dies (see :func:`_die_with_parent`), send
+    their progress reports to ``events`` (see :func:`_init_worker`) and first import ``imports`` (modules that
+    register credit methods: a spawned process starts with the built-ins only)."""
     import os
 
     return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
-                               initargs=(os.getpid(), events, verbose))
+                               initargs=(os.getpid(), events, verbose, tuple(imports)))
 
 
 # set in each worker by _init_worker: where progress reports go, and whether library noise stays
@@ -133,8 +116,9 @@ def _init_worker(events, verbose: bool) -> None:
     _EVENTS, _VERBOSE = events, verbose
 
 
-def _init_pool_worker(parent: int, events, verbose: bool) -> None:
+def _init_pool_worker(parent: int, events, verbose: bool, imports: tuple[str, ...] = ()) -> None:
     _die_with_parent(parent)
+    import_modules(imports)
     _init_worker(events, verbose)
 
 
@@ -165,7 +149,7 @@ def compare(
     seeds: int | None = None, budget_s: float | None = None, verbosity: int | None = None, workers: int = 2,
     warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None, report: bool = True,
     run_overrides: dict | None = None, resume: bool = False, regime: str | None = None, progress: bool = True,
-    verbose: bool = False,
+    verbose: bool = False, imports: tuple[str, ...] = (),
 ) -> dict:
     """Run every (credit, seed) of ``preset`` (overridden by the arguments) and write the results.
 
@@ -175,12 +159,15 @@ def compare(
     run (an interrupted comparison continues where it stopped); every other run is trained from the start.
     ``progress``: draw the live table (warm start, then one line per run; :class:`oar.progress.RunTable`).
     ``verbose``: keep the libraries' own warnings, logs and progress bars (:func:`oar.quiet.quiet_libraries`).
+    ``imports``: modules registering credit methods (``--import``), imported here and in every worker.
 
     Returns the results object (also in ``out_dir/results.json``; table in ``out_dir/results.md``).
     """
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
+    imports = tuple(imports)
+    import_modules(imports)  # before the columns: a credit they register is known, an unknown one errors now
     columns = {c.strip().lower(): credit_column(c) for c in (credits or p.credits)}  # ValueError naming the bad one
     seeds = p.seeds if seeds is None else seeds
     if seeds < 1:
@@ -203,11 +190,13 @@ def compare(
 
     # Live re-draws the view 4 times a second and leaves its last state on the screen
     with quiet_libraries(verbose), (Live(refresh_per_second=4) if progress else contextlib.nullcontext()) as live:
-        return _compare(out, preset, base, columns, seeds, workers, cache_dir, report, resume, live, verbose)
+        return _compare(out, preset, base, columns, seeds, workers, cache_dir, report, resume, live, verbose,
+                        imports)
 
 
 def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[str, dict]], seeds: int,
-             workers: int, cache_dir, report: bool, resume: bool, live, verbose: bool) -> dict:
+             workers: int, cache_dir, report: bool, resume: bool, live, verbose: bool,
+             imports: tuple[str, ...] = ()) -> dict:
     """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None);
     ``columns``: column name -> (credit, options) (:func:`credit_column`)."""
     warm, credits = base.warm, tuple(columns)
@@ -235,7 +224,7 @@ def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[s
                 jobs.append((cfg, str(run_dir), str(cache_dir) if cache_dir else None))
             else:
                 view.update(run_dir.name, status="cached", note="kept (--resume)")
-    _run_jobs(jobs, workers, view, verbose)
+    _run_jobs(jobs, workers, view, verbose, imports)
     view.update(REPORT_ROW, status="running", note="results.json, results.md, report.md")
     results = summarize_comparison(dirs, reference="grpo" if "grpo" in credits else credits[0])
     results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
@@ -258,7 +247,8 @@ def _drain(events, view: RunTable) -> None:
         view.update(**event)
 
 
-def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False) -> None:
+def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False,
+              imports: tuple[str, ...] = ()) -> None:
     events = mp.get_context("spawn").Queue() if workers > 1 else queue.SimpleQueue()
     drain = threading.Thread(target=_drain, args=(events, view), daemon=True)
     drain.start()
@@ -273,7 +263,7 @@ def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False) -
             finally:
                 _init_worker(None, False)
             return
-        with worker_pool(workers, events, verbose) as pool:
+        with worker_pool(workers, events, verbose, imports) as pool:
             for _ in pool.map(_job, jobs):
                 pass
     finally:

@@ -21,9 +21,11 @@ from __future__ import annotations
 import torch
 
 from oar.credit import CreditBatch, register_credit
+from oar.credit.catalogue import BILEVEL
+from oar.credit.options import Option
 from oar.lab.task import first_wrong_step, step_digit_positions
 from oar.lab.tokenizer import decode_chars
-from oar.reshape import BETA, FLOOR, TAU
+from oar.reshape import FLOOR, FLOOR_RANGE
 
 ORACLE_PAPER = "upper bound of this project (lab ground truth)"
 PROCESS_PAPER = "process supervision's first-error labels (Lightman et al., arXiv 2305.20050) as credit"
@@ -90,7 +92,7 @@ def pivotal_scores(model: torch.nn.Module | None, input_ids: torch.Tensor, atten
 
 register_credit(
     "oracle-blame", combine="multiply", needs_policy=False, needs_probe=False, passes="0 (lab ground truth)",
-    paper=ORACLE_PAPER, effect=mass_on_flagged, options={"floor": FLOOR},
+    paper=ORACLE_PAPER, effect=mass_on_flagged, options={"floor": Option(FLOOR, float, FLOOR_RANGE)},
     summary="failed rows with a wrong written step: floor on the correct prefix, the mass on the first wrong "
             "step and after (mean 1); other rows uniform",
 )(blame_scores)
@@ -106,5 +108,5 @@ register_credit(
     "oracle-oar", combine="multiply", needs_policy=False, needs_probe=True, passes="0 (lab ground truth)",
     paper=f"{ORACLE_PAPER}; OAR's Bi-Level reshaping (arXiv 2601.07408)",
     summary="OAR's Bi-Level weights of perfect importance: 1 on the digits of written steps, 0 elsewhere",
-    options={"tau": TAU, "beta": BETA, "floor": FLOOR},
+    options=BILEVEL,
 )(pivotal_scores)

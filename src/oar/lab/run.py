@@ -16,7 +16,7 @@ from oar.files import atomic_write, read_jsonl
 from oar.lab.model import accuracy
 from oar.lab.task import BOXED, lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
-from oar.train_run import RunDirCallback
+from oar.rundir import RunDirCallback
 
 # how a lab run counts its training seconds (RunConfig.clock)
 # "cpu" is the training thread's own CPU time: the callbacks run on the thread that trains (torch at one thread),
@@ -74,7 +74,7 @@ class RunConfig:
 
 
 class LabCallback(RunDirCallback):
-    """The run directory of :class:`oar.train_run.RunDirCallback`, plus held-out evaluation every ``eval_every``
+    """The run directory of :class:`oar.rundir.RunDirCallback`, plus held-out evaluation every ``eval_every``
     steps (merged into that step's record; step 0 before training) and a stop once ``budget_s`` training seconds
     have passed. ``wall_time`` counts training seconds only (by ``clock``, a key of :data:`CLOCKS`);
     ``eval_time`` the evaluation seconds so far.

@@ -7,7 +7,8 @@ Flow per step (verl v1 trainer): after the old log-probs, the driver marks the r
 scorer calls padded to the data-parallel max) and returns raw per-token scores; after GRPO's advantages, the
 driver applies the method's effect to the scores of the whole batch at once (:func:`fold_credit`: Bi-Level
 weights keep each completion's advantage mass; batch-level effects see the whole batch, never a micro-batch)
-and logs a fixed metric schema (:data:`METRIC_KEYS`, the same keys every step).
+and logs the metric schema of :mod:`oar.credit.metrics` (``METRIC_KEYS``: the same keys every step, and the
+same as TRL's trainer logs).
 """
 
 from __future__ import annotations
@@ -20,14 +21,9 @@ import torch
 import torch.distributed as dist
 
 from oar.credit import CreditBatch, credit_effect, get_credit, token_credit
+from oar.credit.metrics import metric_totals, metrics_from_totals
 from oar.distributed import equal_scorer_calls, full_policy
 from oar.probe import DEFAULT_CONCLUDE
-from oar.reshape import weight_stats
-
-METRIC_KEYS = (
-    "oar/frac_scored", "oar/frac_uniform", "oar/tokens", "oar/weight_mean", "oar/weight_std", "oar/weight_min",
-    "oar/weight_max", "oar/frac_nonfinite",
-)
 
 
 @dataclass(frozen=True)
@@ -123,7 +119,7 @@ def fold_credit(
     cfg: OARVerlConfig, advantages: torch.Tensor, response_mask: torch.Tensor, scores: torch.Tensor,
     mask: torch.Tensor, active: torch.Tensor, generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Driver side: token advantages ``[B, T]`` and the step's metrics (keys :data:`METRIC_KEYS`).
+    """Driver side: token advantages ``[B, T]`` and the step's metrics (keys :data:`oar.credit.metrics.METRIC_KEYS`).
 
     ``advantages``: GRPO's ``[B, T]`` (the sequence advantage on every response token); ``scores`` / ``mask``:
     the actor's output for the whole batch; ``active``: ``[B]`` bool. The method's effect runs once over the
@@ -138,18 +134,9 @@ def fold_credit(
                                      generator=generator)
     folded = advantages * weights.to(advantages.dtype) + offsets.to(advantages.dtype)
     folded = folded * response_mask.to(advantages.dtype)
-    stats = weight_stats(weights, mask)
-    n_active = int(active.sum())
-    uniform = (active & ((weights == 1) & (offsets == 0) | ~mask).all(dim=1)).sum()
-    nonfinite = torch.where(mask, ~torch.isfinite(scores), False).any(dim=1).sum()
-    metrics = {
-        "oar/frac_scored": n_active / max(active.numel(), 1),
-        "oar/frac_uniform": float(uniform) / n_active if n_active else 0.0,
-        "oar/tokens": float(mask.sum()),
-        "oar/weight_mean": stats["mean"] if mask.any() else 1.0,
-        "oar/weight_std": stats["std"],
-        "oar/weight_min": stats["min"] if mask.any() else 1.0,
-        "oar/weight_max": stats["max"] if mask.any() else 1.0,
-        "oar/frac_nonfinite": float(nonfinite) / n_active if n_active else 0.0,
-    }
+    uniform = active & (((weights == 1) & (offsets == 0)) | ~mask).all(dim=1)
+    nonfinite = torch.where(mask, ~torch.isfinite(scores), False).any(dim=1)
+    # the probe's row flags (no_answer, too_short) stay on the actor ranks: counted 0 here
+    flags = {"scored": active.bool(), "uniform": uniform, "nonfinite": nonfinite}
+    metrics = metrics_from_totals(torch.tensor([metric_totals(weights, offsets, mask, flags)]))
     return folded, metrics

@@ -26,7 +26,8 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_to_nested
 
-from oar.integrations.verl.core import METRIC_KEYS, OARVerlConfig, active_rows, fold_credit, score_shard
+from oar.credit.metrics import METRIC_KEYS
+from oar.integrations.verl.core import OARVerlConfig, active_rows, fold_credit, score_shard
 
 TRAINER_NAME = "oar_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from oar.credit import register_credit
 from oar.importance import perturbation_scores
 
 
@@ -61,14 +60,6 @@ def cf_span_weights(drop: torch.Tensor, mask: torch.Tensor, low: float = 0.5, hi
     return torch.where(mask, w, torch.ones_like(w)).float()
 
 
-@register_credit(
-    "cf-span", combine="multiply", needs_policy=True, needs_probe=True,
-    passes="≤ 10 probe suffixes per completion (one per masked span; OAR-P engine, KV-cached prefix)",
-    paper="CF-GRPO, Beyond Uniform Credit, arXiv 2602.09331 (SCAPO's re-implementation settings)",
-    summary="drop in answer probability when a reasoning span is replaced by pad, weight clip(1 + Δ/mean|Δ|, "
-            "0.5, 4) on the span's tokens",
-    effect=cf_span_weights, options={"chunk_size": 16, "renormalize": False},
-)
 def cf_span_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    reasoning_mask: torch.Tensor, answer_mask: torch.Tensor, chunk_size: int = 16) -> torch.Tensor:
     """``[B, L]`` φ - φ_s (mean answer-token log-prob drop) of each reasoning token's probed span, 0 elsewhere."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from oar.credit import CreditBatch, register_credit
-from oar.peers._entropy import completion_entropy
+from oar.credit.batch import CreditBatch
+from oar.credit.peers._entropy import completion_entropy
 
 
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float = 0.2) -> torch.Tensor:
@@ -33,13 +33,6 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float = 0.
     return ((entropy >= threshold) & mask).float()
 
 
-@register_credit(
-    "entropy-mask", combine="mask", needs_policy=True, needs_probe=False,
-    passes="1 forward of prompt + completion (no grad) per scorer batch",
-    paper="Beyond the 80/20 Rule, arXiv 2506.01939",
-    summary="advantage kept only on the batch's top-ρ (0.2) highest-entropy completion tokens, 0 elsewhere",
-    effect=high_entropy_mask, options={"rho": 0.2, "temperature": 1.0}, invert="batch",
-)
 def entropy_mask_scores(batch: CreditBatch, active: torch.Tensor | None = None, batch_size: int = 16,
                         temperature: float = 1.0) -> torch.Tensor:
     """``[B, T]`` entropy of the completion tokens under the policy (see :func:`completion_entropy`)."""

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from oar.credit import CreditBatch, register_credit
-from oar.peers._entropy import completion_entropy
+from oar.credit.batch import CreditBatch
+from oar.credit.peers._entropy import completion_entropy
+
+NORMS = ("joint", "separate")  # GTPO's normalisation: one z-score of the token rewards, or one per outcome
 
 
 def gtpo_advantages(entropy: torch.Tensor, mask: torch.Tensor, success: torch.Tensor, group: torch.Tensor,
@@ -32,7 +34,7 @@ def gtpo_advantages(entropy: torch.Tensor, mask: torch.Tensor, success: torch.Te
         alpha1 / alpha2: outcome and entropy-share coefficients. norm: ``"joint"`` or ``"separate"``.
         eps: added to H before inverting and to the std.
     """
-    if norm not in ("joint", "separate"):
+    if norm not in NORMS:
         raise ValueError(f"norm must be 'joint' or 'separate', got {norm!r}")
     m = mask.float()
     H = entropy.float() * m
@@ -61,8 +63,10 @@ def gtpo_advantages(entropy: torch.Tensor, mask: torch.Tensor, success: torch.Te
     return zscore(reward, pos) + zscore(reward, neg)
 
 
-def _gtpo_effect(scores: torch.Tensor, mask: torch.Tensor, batch: CreditBatch, alpha1: float = 1.0,
-                 alpha2: float = 0.1, norm: str = "joint") -> torch.Tensor:
+def gtpo_effect(scores: torch.Tensor, mask: torch.Tensor, batch: CreditBatch, alpha1: float = 1.0,
+                alpha2: float = 0.1, norm: str = "joint") -> torch.Tensor:
+    """``[B, T]`` GTPO token advantages of the entropies ``scores`` in groups with both a success and a failure
+    (0 elsewhere)."""
     both = _groups_with_both_outcomes(batch)
     keep = mask & both[:, None]
     return gtpo_advantages(scores, keep, batch.rewards > 0, batch.group, alpha1, alpha2, norm)
@@ -77,14 +81,6 @@ def _groups_with_both_outcomes(batch: CreditBatch) -> torch.Tensor:
     return ((wins > 0) & (wins < n))[g]
 
 
-@register_credit(
-    "gtpo", combine="replace", needs_policy=True, needs_probe=False, needs_group=True,
-    passes="1 forward of prompt + completion (no grad) per scorer batch",
-    paper="GTPO and GRPO-S, arXiv 2508.04349",
-    summary="token reward α1·(±1) + α2·(inverse-)entropy share among the group's completions at that position, "
-            "z-scored per group; replaces the advantage",
-    effect=_gtpo_effect, options={"alpha1": 1.0, "alpha2": 0.1, "norm": "joint", "temperature": 1.0},
-)
 def gtpo_scores(batch: CreditBatch, active: torch.Tensor | None = None, batch_size: int = 16,
                 temperature: float = 1.0) -> torch.Tensor:
     """``[B, T]`` policy entropy of the completion tokens (the signal GTPO shapes)."""

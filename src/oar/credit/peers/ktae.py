@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from oar.credit import CreditBatch, register_credit
+from oar.credit.batch import CreditBatch
 
 
 def fisher_exact_p(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -97,13 +97,6 @@ def key_token_values(ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tenso
     return out.float()
 
 
-@register_credit(
-    "ktae", combine="add", needs_policy=False, needs_probe=False, needs_group=True, passes="0 (group statistics)",
-    paper="KTAE, arXiv 2505.16826",
-    summary="key-token value of the token's id from the group's correct/wrong contingency table (Fisher, "
-            "information gain, effect size, BM25 frequency), added to the advantage",
-    effect=lambda scores, mask: scores, options={"alpha": 1.0, "beta": 1.0, "top": 1.0}, invert="negate",
-)
 def ktae_scores(batch: CreditBatch, alpha: float = 1.0, beta: float = 1.0, top: float = 1.0) -> torch.Tensor:
     """``[B, T]`` key value of every completion token, group by group (``batch.group``, ``batch.rewards``)."""
     out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from oar.credit import CreditBatch
+from oar.credit.batch import CreditBatch
 from oar.importance._common import scoring_mode
 
 

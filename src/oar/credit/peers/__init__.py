@@ -1,0 +1,6 @@
+"""Peer token-credit methods, each implemented from its paper as pure tensor functions (registered, with their
+needs, cost and paper, in :mod:`oar.credit.catalogue`).
+
+``entropy-mask`` (arXiv 2506.01939), ``gtpo`` (arXiv 2508.04349), ``ktae`` (arXiv 2505.16826), ``cf-span``
+(arXiv 2602.09331).
+"""

@@ -1,0 +1,199 @@
+"""The registry of token-credit methods: :func:`register_credit` adds one (what it needs, its cost, its paper,
+its options), :func:`get_credit` looks one up (or a control wrapping it), :func:`credit_table` lists them.
+
+A *credit method* turns GRPO's sequence advantages ``A [B]`` into token advantages ``[B, T]`` in two steps:
+
+1. ``score``: a per-token signal ``[B, T]`` (OAR's importance, the policy's entropy, group statistics, ...),
+   computed either on outcome probes (``needs_probe``: the scorer signature of :mod:`oar.importance`, mapped
+   back to completion positions) or on the completions themselves;
+2. ``effect``: the signal -> weights (``combine="multiply"`` or ``"mask"``: ``Â = A · w``), offsets
+   (``combine="add"``: ``Â = A + δ``) or the token advantages themselves (``combine="replace"``: ``Â = δ``).
+
+Pure torch; no framework imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+
+from oar.credit.controls import CONTROLS, inverted_effect, shuffled_effect
+from oar.credit.options import CONTEXT, Option, as_option, parameter_names
+from oar.reshape import BETA, FLOOR, TAU, bilevel_weights
+
+COMBINES = ("multiply", "mask", "add", "replace")
+INVERTS = ("row", "batch", "negate")
+
+
+@dataclass(frozen=True)
+class CreditMethod:
+    """A registered token-credit method (see :func:`register_credit` for the fields)."""
+
+    name: str
+    score: Callable[..., torch.Tensor]
+    effect: Callable[..., torch.Tensor]
+    combine: Literal["multiply", "mask", "add", "replace"]
+    needs_policy: bool
+    needs_probe: bool
+    needs_group: bool
+    passes: str
+    paper: str
+    summary: str
+    options: Mapping[str, Any]  # name -> default
+    invert: Literal["row", "batch", "negate"] = "row"
+    control: str | None = None  # "shuffle" / "inverted" for a wrapped method
+    base: str | None = None  # the wrapped method's name
+    specs: Mapping[str, Option] = field(default_factory=dict)  # name -> its declaration (type, range, choices)
+
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The method's defaults updated with ``options``; ValueError naming an undeclared option or a value its
+        declaration refuses (``credit 'oar-g': beta must be >= 0, got -1``)."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise ValueError(f"credit {self.name!r} has no option(s) {unknown}; its options: "
+                             f"{', '.join(self.options) or '(none)'}")
+        for key, value in options.items():
+            if key in self.specs:
+                self.specs[key].check(f"credit {self.name!r}: {key}", value)
+        return {**self.options, **options}
+
+
+_REGISTRY: dict[str, CreditMethod] = {}
+
+
+def register_credit(
+    name: str,
+    *,
+    combine: Literal["multiply", "mask", "add", "replace"],
+    needs_policy: bool,
+    needs_probe: bool,
+    needs_group: bool = False,
+    passes: str,
+    paper: str,
+    summary: str,
+    effect: Callable[..., torch.Tensor] | None = None,
+    options: Mapping[str, Any | Option] | None = None,
+    invert: Literal["row", "batch", "negate"] = "row",
+    replace_existing: bool = False,
+) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+    """Decorator registering a score function as the credit method ``name``.
+
+    The score function is called as ``score(model, input_ids, attention_mask, reasoning_mask, answer_mask,
+    **options)`` on outcome probes when ``needs_probe`` (the :mod:`oar.importance` scorer signature; scores
+    ``[b, L]`` are mapped to completion positions, and the method acts on reasoning tokens only), else as
+    ``score(batch: CreditBatch, **options) -> [B, T]`` on the completions (the method acts on every completion
+    token). ``effect(scores [B, T], mask [B, T], **options) -> [B, T]`` turns the scores of the whole batch into
+    weights (``combine`` ``"multiply"``: e.g. mass-preserving weights, ``"mask"``: 0/1), offsets (``"add"``) or
+    token advantages (``"replace"``); default Bi-Level reshaping (OAR_SPEC §4). Options are declared with their
+    defaults in ``options`` and routed by name to ``score`` and/or ``effect``; each also gets the context it
+    names in its signature (``generator``, ``active``, ``batch_size``, ``batch``: the :class:`CreditBatch`).
+    An option is a plain default (any value accepted) or an :class:`oar.credit.options.Option` declaring its type
+    and range, checked whenever options are (:meth:`CreditMethod.check_options`: ``OARConfig``, ``oar compare``
+    columns, :func:`token_credit`).
+
+    Args:
+        combine: how the effect meets the sequence advantage (``Â = A · w``, ``Â = A + δ`` or ``Â = δ``).
+        needs_policy / needs_probe / needs_group: what the method reads (the policy; an outcome probe;
+            the rollout group, i.e. ``CreditBatch.group`` and ``rewards`` over whole groups).
+        passes / paper / summary: extra model passes per rollout batch, the citation, what it computes
+            per token (the docs' method table reads these).
+        invert: how ``inverted:NAME`` reverses the score ranks: within each row (``"row"``), over the batch
+            (``"batch"``), or by negation (``"negate"``, for signed scores).
+        replace_existing: allow re-registering ``name``.
+    """
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+    if invert not in INVERTS:
+        raise ValueError(f"invert must be one of {INVERTS}, got {invert!r}")
+    if not name or ":" in name or name != name.lower():
+        raise ValueError(f"credit names are non-empty, lower-case and have no ':', got {name!r}")
+
+    def wrap(score: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        if name in _REGISTRY and not replace_existing:
+            raise ValueError(f"credit {name!r} is already registered (pass replace_existing=True)")
+        eff = effect or bilevel_effect
+        specs = {k: as_option(v) for k, v in (options or {}).items()}
+        routed = (parameter_names(score) | parameter_names(eff)) - set(CONTEXT)
+        stray = sorted(set(specs) - routed)
+        if stray:
+            raise ValueError(f"credit {name!r} declares options {stray} that neither its score nor its effect takes")
+        for key, spec in specs.items():  # a declaration must accept its own default
+            spec.check(f"credit {name!r}: default of {key}", spec.default)
+        _REGISTRY[name] = CreditMethod(
+            name=name, score=score, effect=eff, combine=combine, needs_policy=needs_policy,
+            needs_probe=needs_probe, needs_group=needs_group, passes=passes, paper=paper, summary=summary,
+            options={k: spec.default for k, spec in specs.items()}, invert=invert, specs=specs,
+        )
+        return score
+
+    return wrap
+
+
+def import_modules(modules: Sequence[str]) -> None:
+    """Import each named module (one that registers its own credit methods: ``--import MODULE``).
+
+    ValueError naming the module that cannot be imported (not found, or its own import failed)."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"--import {module!r}: cannot import it ({err}); is it on PYTHONPATH?") from None
+
+
+def unregister_credit(name: str) -> None:
+    """Remove a registered method (tests, user code that registers temporary methods)."""
+    _REGISTRY.pop(name, None)
+
+
+def credit_names() -> tuple[str, ...]:
+    """Registered method names, in registration order (controls not included)."""
+    return tuple(_REGISTRY)
+
+
+def get_credit(name: str) -> CreditMethod:
+    """The method ``name``, or a control ``shuffle:NAME`` / ``inverted:NAME`` wrapping it.
+
+    ValueError listing the registered names (and the control prefixes) for an unknown name.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"credit must be a string, got {name!r}")
+    key = name.strip().lower()
+    control, _, base_name = key.rpartition(":")
+    if control and control not in CONTROLS:
+        raise ValueError(f"unknown credit control {control!r} in {name!r}; controls: {', '.join(CONTROLS)} "
+                         f"(as CONTROL:NAME)")
+    if base_name not in _REGISTRY:
+        raise ValueError(f"unknown credit {name!r}; registered: {', '.join(_REGISTRY)} "
+                         f"(controls: {', '.join(c + ':NAME' for c in CONTROLS)})")
+    base = _REGISTRY[base_name]
+    if not control:
+        return base
+    if base.name == "grpo":
+        raise ValueError(f"{name!r}: 'grpo' has uniform weights, so a {control} control of it is plain GRPO")
+    if control == "shuffle":
+        return replace(base, name=key, effect=shuffled_effect(base.effect), control=control, base=base.name)
+    return replace(base, name=key, effect=inverted_effect(base.effect, base.invert), control=control, base=base.name)
+
+
+def credit_table() -> str:
+    """The registered methods as a Markdown table (docs/credits.md holds its output; a test keeps them equal)."""
+    head = "| credit | per token | combine | needs | extra passes | options (defaults) | paper |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for m in _REGISTRY.values():
+        needs = ", ".join(n for n, f in (("policy", m.needs_policy), ("probe", m.needs_probe),
+                                         ("group", m.needs_group)) if f) or "–"
+        opts = ", ".join(f"{k}={v!r}" for k, v in m.options.items()) or "–"
+        cells = [f"`{m.name}`", m.summary, m.combine, needs, m.passes, opts, m.paper]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bilevel_effect(scores: torch.Tensor, mask: torch.Tensor, tau: float = TAU, beta: float = BETA,
+                   floor: float = FLOOR) -> torch.Tensor:
+    """Bi-Level weights of each row's masked scores (OAR_SPEC §4; :func:`oar.reshape.bilevel_weights`)."""
+    return bilevel_weights(scores, mask, tau, beta, floor)
