@@ -38,15 +38,22 @@ run() {
     echo "gpu_run: $("$PYTHON" -c 'import sys; print(sys.executable, sys.version.split()[0])'), bundle $BUNDLE" \
         "(${#wheels[@]} wheels, $(du -sh "$BUNDLE" | cut -f1)), venv $VENV, out $OUT"
     rm -rf "$VENV"
-    "$PYTHON" -m venv --without-pip --system-site-packages "$VENV"
-    local site
-    site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    # oar from this tree, then the image interpreter's own site-packages (after the venv's: the bundle wins)
-    "$PYTHON" -c "import site, sys; print('$PWD/src'); print('\n'.join(site.getsitepackages()))" \
-        > "$site/zz_oar_gpu_image.pth"
-    # the image's pip installs into the venv's site-packages: the venv needs no pip of its own
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$site" "${wheels[@]}"
-    local py=$VENV/bin/python
+    local site py
+    if "$PYTHON" -m venv --without-pip --system-site-packages "$VENV"; then
+        py=$VENV/bin/python
+        site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        # oar from this tree, then the image interpreter's own site-packages (after the venv's: the bundle wins)
+        "$PYTHON" -c "import site; print('$PWD/src'); print('\n'.join(site.getsitepackages()))" \
+            > "$site/zz_oar_gpu_image.pth"
+    else  # no venv module: the bundle in a folder of its own, first on PYTHONPATH
+        echo "gpu_run: '$PYTHON -m venv' failed; the bundle goes to $VENV/site on PYTHONPATH instead"
+        py=$PYTHON site=$VENV/site
+        mkdir -p "$site"
+        export PYTHONPATH=$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    # the image's pip installs into that site-packages: the venv needs no pip of its own
+    PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+        "${wheels[@]}"
     {
         "$py" benchmarks/gpu_stack.py "$BUNDLE"
         if command -v nvidia-smi >/dev/null; then
