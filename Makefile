@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup compare test lint bench gpu-check clean test-verl test-low gpu-verl
+.PHONY: setup compare test lint bench gpu-check gpu-bundle gpu-rehearsal clean test-verl test-low gpu-verl
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -62,14 +62,57 @@ test-low: $(LOW_VENV)/.installed
 	$(LOW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_trainer.py tests/test_train_cli.py \
 		tests/test_importance_perturbation.py tests/test_importance_gradient.py tests/test_importance_guided.py
 
-# on a machine with one CUDA GPU: a short GSM8K-style GRPO run of verl with OAR-G (untested here: no GPU)
-# (with `python` from an environment with verl and vLLM: see the script's header)
+# a user-side recipe, for a machine of your own with one CUDA GPU and an environment with verl, vLLM and Ray (see
+# the script's header): a short GSM8K-style GRPO run of verl with OAR-G. The lent GPU machine has neither vLLM nor
+# Ray, and they do not fit its 64 MiB carry limit (docs/scaling.md)
 gpu-verl:
 	bash benchmarks/gpu_verl.sh
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(LOW_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) $(LOW_VENV) $(GPU_BUNDLE) $(REHEARSAL) .pytest_cache .ruff_cache
 
-# one GPU, < 8 minutes: GRPO step and OAR scorers at Qwen2.5-1.5B's shape (runs/gpu_check.json/.md); CPU: --smoke
+# one GPU, < 8 minutes: GRPO step and OAR scorers at Qwen2.5-1.5B's shape (runs/gpu_check.json/.md), in oar's own
+# environment on a GPU machine of your own; CPU: --smoke. On the lent machine: gpu-bundle, then gpu_run.sh
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out runs/gpu_check
+
+# the wheels gpu_check.py needs that the lent GPU machine's image lacks (requirements-gpu-bundle.txt), for CPython
+# 3.12 on x86-64 Linux, carried there as .gpu-bundle (docs/scaling.md: the device command)
+GPU_BUNDLE ?= .gpu-bundle
+$(GPU_BUNDLE)/.complete: requirements-gpu-bundle.txt
+	rm -rf $(GPU_BUNDLE)
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(GPU_BUNDLE) -r requirements-gpu-bundle.txt
+	touch $@
+
+gpu-bundle: $(GPU_BUNDLE)/.complete
+	@echo "$(GPU_BUNDLE): $$(ls $(GPU_BUNDLE)/*.whl | wc -l) wheels, $$(du -sh $(GPU_BUNDLE) | cut -f1) (carry limit 64 MiB)"
+
+# the device run rehearsed here: an environment standing in for the lent machine's image (python3.12, else 3.11;
+# requirements-gpu-image.txt: torch 2.11.0, transformers 5.17.0, ... from the registry, once, ~5 GB: torch 2.11's
+# PyPI build with its CUDA libraries, as the image has it), then gpu_run.sh --smoke with no network (a network
+# namespace of its own where `unshare -n` works; else pip and the hub pointed at a closed port)
+REHEARSAL ?= .gpu-rehearsal
+REHEARSAL_PYTHON ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 python3.11; do \
+	"$$p" -c "" 2>/dev/null && { command -v "$$p"; break; }; done)
+$(REHEARSAL)/image/.installed: requirements-gpu-image.txt
+	@test -n "$(REHEARSAL_PYTHON)" || { echo "gpu-rehearsal: no python3.12 or python3.11 found"; exit 1; }
+	rm -rf $(REHEARSAL)/image
+	$(REHEARSAL_PYTHON) -m venv $(REHEARSAL)/image
+	$(REHEARSAL)/image/bin/python -m pip install -q -r requirements-gpu-image.txt
+	touch $@
+
+gpu-rehearsal: $(REHEARSAL)/image/.installed $(GPU_BUNDLE)/.complete
+	$(REHEARSAL)/image/bin/python benchmarks/gpu_stack.py --absent $(GPU_BUNDLE)
+	rm -rf $(REHEARSAL)/out
+	if unshare -n true 2>/dev/null; then offline="unshare -n"; else \
+		offline="env http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9 HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9"; fi; \
+	echo "gpu-rehearsal: offline through: $$offline"; \
+	$$offline env PYTHON=$(REHEARSAL)/image/bin/python BUNDLE=$(GPU_BUNDLE) OUT=$(REHEARSAL)/out \
+		VENV=$(REHEARSAL)/venv bash benchmarks/gpu_run.sh --smoke
+	$(REHEARSAL)/venv/bin/python -c "import json; r = json.load(open('$(REHEARSAL)/out/gpu_check.json')); \
+		assert all(v['pass'] for v in r['exactness'].values() if isinstance(v, dict)), r['exactness']; \
+		assert all('step_time' in v for v in r['steps'].values()), r['steps']; \
+		print('gpu-rehearsal: passed on torch', r['setup']['torch'], 'transformers', r['setup']['transformers'], \
+		'trl', r['setup']['trl'])"

@@ -15,7 +15,10 @@ SDPA attention, prompt 256 / completion 2,048 tokens, G = 8 completions of one p
 3. one step of ``OARGRPOTrainer`` (TRL's generation, no vLLM; TRL's default gradient checkpointing) per credit:
    ``grpo``, ``oar-g``, ``oar-pg``, ``oar-p@horizon=2&chunk_size=64``, ``oar-p``: step time, the scoring share,
    peak memory. A step whose projected time would pass ``--deadline-s`` is skipped (and says so), so the script
-   ends in time.
+   ends in time;
+4. the performance goals (docs/scaling.md) from those figures: OAR-G's achieved TFLOP/s (``4 N`` FLOPs per probe
+   token: a forward and an inputs-only backward, ``N`` the parameters outside the embedding, attention not
+   counted) against ``--peak-tflops``, its share of GRPO's step, and OAR-P ``horizon=2`` against OAR-G.
 
 The tokenizer is a character tokenizer over as many distinct characters as the model has ids (so any sampled
 id decodes); every generated completion keeps its length and ends in ``\\boxed{N}``, and the reward gives one
@@ -54,6 +57,9 @@ ANSWER = "\n\\boxed{42}"
 HORIZON_OPTIONS = {"horizon": 2, "chunk_size": 64}
 HORIZON_CREDIT = "oar-p@" + "&".join(f"{k}={v}" for k, v in HORIZON_OPTIONS.items())
 CREDITS = ("grpo", "oar-g", "oar-pg", HORIZON_CREDIT, "oar-p")
+# the performance goals (docs/scaling.md): OAR-G >= 40 % of the bf16 peak and <= 10 % of GRPO's step; OAR-P
+# horizon=2 <= 2x OAR-G's scoring time, its bf16 exactness check passing
+GOALS = {"oar-g share of peak": 0.40, "oar-g share of grpo step": 0.10, "oar-p horizon / oar-g": 2.0}
 
 
 @dataclass(frozen=True)
@@ -208,10 +214,13 @@ def scorers_alone(model, pb, shape: Shape, device: str) -> dict:
 
     inputs = (model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask)
     gen = torch.Generator(device=device).manual_seed(0)
+    tokens = int(pb.attention_mask.sum())
+    body = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
     out = {}
     with Measure(device) as m:
         gradient_scores(*inputs, generator=gen)
-    out["oar-g"] = {"rows": shape.group, "seconds": m.seconds, "peak_mib": m.peak_mib}
+    out["oar-g"] = {"rows": shape.group, "seconds": m.seconds, "peak_mib": m.peak_mib, "tokens": tokens,
+                    "tflops": 4 * body * tokens / m.seconds / 1e12}
     k = get_credit("oar-pg").options["k"]
     with Measure(device) as m:
         guided_perturbation_scores(*inputs, generator=gen)
@@ -272,6 +281,22 @@ def trainer_step(model, tok, column: str, shape: Shape, device: str) -> dict:
     return out
 
 
+def goals(res: dict, peak_tflops: float) -> dict:
+    """Each goal of :data:`GOALS`: ``{"value", "goal", "met"}`` (value None where a figure it needs is missing)."""
+    sc, grpo = res["scorers"], res["steps"].get("grpo", {}).get("step_time")
+    values = {"oar-g share of peak": sc["oar-g"]["tflops"] / peak_tflops,
+              "oar-g share of grpo step": sc["oar-g"]["seconds"] / grpo if grpo else None,
+              "oar-p horizon / oar-g": sc["oar-p horizon"]["seconds"] / sc["oar-g"]["seconds"]}
+    out = {}
+    for name, goal in GOALS.items():
+        v = values[name]
+        met = None if v is None else (v >= goal if name.endswith("of peak") else v <= goal)
+        if name == "oar-p horizon / oar-g" and met is not None:
+            met = met and res["exactness"]["oar-p horizon"]["pass"]
+        out[name] = {"value": v, "goal": goal, "met": met}
+    return out
+
+
 def markdown(res: dict) -> str:
     s, shape = res["setup"], res["setup"]["shape"]
     name = "tiny (smoke)" if s["smoke"] else "Qwen2.5-1.5B"
@@ -314,6 +339,17 @@ def markdown(res: dict) -> str:
             total = f"{r['peak_total_mib']:.0f}" if r["peak_total_mib"] is not None else "–"
             lines.append(f"| {label} | {r['step_time']:.1f} | {ratio} | {r.get('importance_time', 0.0):.1f} | "
                          f"{r['peak_mib']:.0f} | {total} |")
+        lines.append("")
+    if "goals" in res:
+        g = res["goals"]
+        lines += ["## Performance goals", "",
+                  f"OAR-G {res['scorers']['oar-g']['tflops']:.1f} TFLOP/s (4 N FLOPs per probe token) against a "
+                  f"bf16 peak of {s['peak_tflops']:g} TFLOP/s.", "",
+                  "| goal | value | target | met |", "|---|---|---|---|"]
+        for name, r in g.items():
+            value = "–" if r["value"] is None else f"{r['value']:.3g}"
+            sign = ">=" if name.endswith("of peak") else "<="
+            lines.append(f"| {name} | {value} | {sign} {r['goal']:g} | {r['met']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -333,14 +369,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--deadline-s", type=float, default=450.0, help="skip trainer steps projected to end later")
     ap.add_argument("--credits", default=",".join(CREDITS))
     ap.add_argument("--exact-rows", type=int, default=1, help="rows of the exact OAR-P scorer timed alone")
+    ap.add_argument("--peak-tflops", type=float, default=989.0,
+                    help="the device's dense bf16 peak, TFLOP/s (989: H100/H200 SXM), for the goals")
     a = ap.parse_args(argv)
     credits = [c.strip() for c in a.credits.split(",") if c.strip()]
     from oar.credit import credit_column
 
     for c in credits:
         credit_column(c)  # ValueError naming an unknown credit or option, before any model is built
-    if a.exact_rows < 1 or a.deadline_s <= 0:
-        ap.error(f"--exact-rows must be >= 1 and --deadline-s > 0, got {a.exact_rows}, {a.deadline_s}")
+    if a.exact_rows < 1 or a.deadline_s <= 0 or a.peak_tflops <= 0:
+        ap.error(f"--exact-rows must be >= 1, --deadline-s and --peak-tflops > 0, got {a.exact_rows}, "
+                 f"{a.deadline_s}, {a.peak_tflops}")
     if a.smoke:
         device, config, shape = "cpu", SMOKE, Shape(prompt=12, completion=40, group=4, check_positions=6)
     else:
@@ -361,7 +400,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU (smoke)",
         "shape": asdict(shape), "config": config, "params": sum(p.numel() for p in model.parameters()),
         "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-        "smoke": a.smoke}}
+        "smoke": a.smoke, "peak_tflops": a.peak_tflops}}
     prompts, completions = make_rows(tok, shape)
     pb = probes(tok, prompts, completions, device)
     res["exactness"] = exactness(model, fp32, pb, shape)
@@ -383,6 +422,7 @@ def main(argv: list[str] | None = None) -> dict:
                                        f"> --deadline-s {a.deadline_s:.0f}"}
         else:
             done[credit] = trainer_step(model, tok, credit, shape, device)
+        res["goals"] = goals(res, a.peak_tflops)  # in every write: a run stopped by its timeout keeps them
         res["total_s"] = time.perf_counter() - t_start
         write(res, out)
         if device == "cuda":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # verl + OAR-G on ONE CUDA GPU: 3 GRPO steps of a small model, FSDP2 actor, the oar_sync trainer (make gpu-verl).
-# PREPARED, NOT RUN: this repository has had no GPU. Target: under 8 minutes on one H100-class GPU.
+# A USER-SIDE RECIPE for a GPU machine of your own (never run by this project): it needs vLLM and Ray, which the
+# lent GPU machine lacks, cannot fetch and cannot carry (docs/scaling.md). Target: under 8 minutes on one H100.
 #
 # Needs, on the GPU machine, `python` on PATH from an environment of its own with verl and a rollout engine:
 #   python3 -m venv .venv-gpu-verl && .venv-gpu-verl/bin/pip install -e ".[verl]" "verl[vllm]==0.9.1"

@@ -26,8 +26,21 @@ def test_gpu_check_smoke_writes_every_section(tmp_path):
         assert r["step_time"] > 0, credit
         if credit != "grpo":  # every completion was scored (the reward gives every row a non-zero advantage)
             assert r["frac_scored"] == 1.0 and r["importance_time"] > 0, credit
+    g, sc = saved["goals"], saved["scorers"]
+    assert set(g) == set(gpu_check.GOALS) and all(r["value"] > 0 and r["met"] in (True, False) for r in g.values())
+    body = saved["setup"]["params"] - saved["setup"]["config"]["vocab_size"] * saved["setup"]["config"]["hidden_size"]
+    tok = gpu_check.char_tokenizer(gpu_check.SMOKE["vocab_size"])
+    rows = gpu_check.make_rows(tok, gpu_check.Shape(**saved["setup"]["shape"]))
+    assert sc["oar-g"]["tokens"] == int(gpu_check.probes(tok, *rows, "cpu").attention_mask.sum())
+    assert sc["oar-g"]["tflops"] == pytest.approx(4 * body * sc["oar-g"]["tokens"] / sc["oar-g"]["seconds"] / 1e12)
+    assert g["oar-g share of peak"]["value"] == pytest.approx(sc["oar-g"]["tflops"] / 989.0)
+    grpo = saved["steps"]["grpo"]["step_time"]
+    assert g["oar-g share of grpo step"]["value"] == pytest.approx(sc["oar-g"]["seconds"] / grpo)
+    ratio = sc["oar-p horizon"]["seconds"] / sc["oar-g"]["seconds"]
+    assert g["oar-p horizon / oar-g"] == {"value": pytest.approx(ratio), "goal": 2.0, "met": ratio <= 2.0}
     md = (tmp_path / "check.md").read_text()
     assert "## Exactness in bf16" in md and "| oar-p |" in md and "| grpo | " in md
+    assert "## Performance goals" in md and "| oar-g share of peak |" in md
 
 
 def test_gpu_check_rejects_an_unknown_credit_before_building_anything(tmp_path):
