@@ -47,7 +47,7 @@ class OARConfig(GRPOConfig):
     credit: str = field(
         default="oar-g",
         metadata={"help": "Token credit: a registered method (oar.credit.credit_names(): grpo, oar-g, oar-p, "
-                          "entropy, random, entropy-mask, gtpo, ktae, cf-span, ...) or a control shuffle:NAME / "
+                          "entropy, random, entropy-mask, gtpo, ktae, cf-span, vine, ...) or a control shuffle:NAME / "
                           "inverted:NAME. 'grpo' = uniform weights (plain GRPO)."},
     )
     credit_options: dict | str | None = field(
