@@ -218,3 +218,30 @@ def test_trainer_step_with_vine(tmp_path):
     assert scored > 0  # the warm tiny LM's groups have reward variance at this seed
     assert 0 < log["oar/rollout_graded"] <= scored * (2 + 1) * 2
     assert log["oar/rollout_tokens"] > 0 and 1 < log["oar/rollout_steps"] <= 3
+
+
+def test_trl_rollout_shares_each_prefix_cache_and_caps_the_budget():
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    from conftest import make_tiny_lm
+    from oar.lab.tokenizer import build_char_tokenizer
+    from oar.trl_rollout import TRLContinuations
+
+    tok = build_char_tokenizer()
+    model = make_tiny_lm(len(tok), "qwen2", hidden=32, seed=0).eval()
+    cfg = GenerationConfig(do_sample=False, pad_token_id=0, eos_token_id=[1], return_dict_in_generate=False)
+    trainer = SimpleNamespace(processing_class=tok, max_completion_length=6, reward_funcs=[], generation_config=cfg,
+                              eos_token_ids=[1], args=SimpleNamespace(gradient_checkpointing_kwargs=None))
+    ids = torch.tensor([[0, 0, 5, 16, 27], [8, 3, 40, 11, 2]])
+    mask = (ids != 0).long()
+    rollout = TRLContinuations(trainer, [], model)
+    cont, cmask = rollout.sample(ids, mask, torch.tensor([1, 4]), 3)  # budgets 5 and 2 new tokens
+    plain = model.generate(input_ids=ids.repeat_interleave(3, 0), attention_mask=mask.repeat_interleave(3, 0),
+                           max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=1)[:, 5:]
+    assert cont.shape == (6, 5)
+    stop = (plain == 1).int().argmax(dim=1).where((plain == 1).any(dim=1), torch.tensor(5)) + 1  # through EOS
+    assert cmask.sum(dim=1).tolist() == torch.minimum(stop, torch.tensor([5, 5, 5, 2, 2, 2])).tolist()
+    assert torch.equal(cont[cmask.bool()], plain[cmask.bool()])  # the shared cache changes nothing

@@ -15,10 +15,10 @@ from oar.peers.vine import RowView
 
 
 class TRLContinuations:
-    """Samples with ``policy.generate`` (TRL's generation config: sampling, top-k/top-p, EOS, pad; the KV cache as
-    in HF ``generate``) and grades with ``trainer.reward_funcs`` weighted by ``reward_weights`` (the NaN-summing
-    total TRL trains on). ``inputs``: the rollout batch's dataset rows (one per completion). Counts what it costs
-    (``cost``: states, generated tokens, graded completions)."""
+    """Samples with ``policy.generate`` (TRL's generation config: sampling, top-k/top-p, EOS, pad; each prefix's KV
+    cache computed once for its K samples) and grades with ``trainer.reward_funcs`` weighted by ``reward_weights``
+    (the NaN-summing total TRL trains on). ``inputs``: the rollout batch's dataset rows (one per completion).
+    Counts what it costs (``cost``: states, generated tokens, graded completions)."""
 
     def __init__(self, trainer: Any, inputs: list[dict[str, Any]], policy: Any) -> None:
         self.trainer, self.inputs, self.policy = trainer, inputs, policy
@@ -62,7 +62,7 @@ class TRLContinuations:
             cfg = GenerationConfig(do_sample=True, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k,
                                    min_p=t.min_p, repetition_penalty=t.repetition_penalty,
                                    pad_token_id=self.tokenizer.pad_token_id, eos_token_id=t.eos_token_ids)
-        cfg.max_new_tokens, cfg.num_return_sequences = n_new, num_samples
+        cfg.max_new_tokens = n_new
         if temperature is not None:
             cfg.temperature = temperature
         policy = self.policy
@@ -71,8 +71,10 @@ class TRLContinuations:
         if checkpointing:  # as TRL's unwrap_model_for_generation: a checkpointed model generates without a cache
             getattr(policy, f"{ac}_checkpointing_disable")()
         try:
-            out = policy.generate(input_ids=prefix_ids, attention_mask=prefix_mask, generation_config=cfg,
-                                  synced_gpus=False)  # ranks generate different amounts: no lock-step
+            out = policy.generate(input_ids=prefix_ids.repeat_interleave(num_samples, 0),
+                                  attention_mask=prefix_mask.repeat_interleave(num_samples, 0),
+                                  past_key_values=self._shared_prefill(prefix_ids, prefix_mask, num_samples, cfg),
+                                  generation_config=cfg, synced_gpus=False)  # ranks generate different amounts
         finally:
             if checkpointing:
                 getattr(policy, f"{ac}_checkpointing_enable")(
@@ -83,6 +85,20 @@ class TRLContinuations:
         first_eos = torch.where(is_eos, pos, cont.shape[1]).amin(dim=1, keepdim=True)
         mask = (pos <= first_eos) & (pos < budget[:, None].to(device))
         return cont.masked_fill(~mask, self.tokenizer.pad_token_id or 0), mask.long()
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, k: int, cfg: Any) -> Any:
+        """The KV cache of each prefix but its last token, computed once and repeated for its ``k`` samples
+        (``generate`` then runs only the last token and the new ones); None where it does not pay or apply."""
+        if k < 2 or ids.shape[1] < 2 or getattr(cfg, "cache_implementation", None) not in (None, "dynamic"):
+            return None
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        pos = (mask.cumsum(1) - 1).clamp_min(0)
+        self.policy(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1],
+                    past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(k)
+        return cache
 
     def reward(self, rows: torch.Tensor, completion_ids: list[list[int]]) -> torch.Tensor:
         """``[M]`` TRL's total reward of each completion, with its row's prompt and dataset columns."""
