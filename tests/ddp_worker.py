@@ -1,8 +1,8 @@
 """One rank of the 2-process DDP test: ``torchrun --nproc_per_node 2 tests/ddp_worker.py OUT_JSON [CREDIT]``.
 
 Trains the warm tiny LM with CREDIT (default OAR-G; ``vine`` with k=2, max_steps=2) for 3 steps on CPU (gloo),
-then rank 0 writes whether the parameters
-are identical on every rank, whether they moved, and the OAR metrics of each step.
+then rank 0 writes whether the parameters are identical on every rank, whether they moved, and the OAR metrics of
+each step.
 """
 
 from __future__ import annotations
