@@ -1,11 +1,11 @@
 """TRL adapter: ``OARGRPOTrainer`` turns GRPO's sequence advantages into OAR per-token advantages.
 
-The only module that knows TRL. Per rollout batch it calls TRL's own ``_generate_and_score_completions``,
-builds the outcome probe for the completions whose advantage is non-zero, scores their reasoning tokens with
-the policy (its full weights, also under FSDP2 and ZeRO-3: :mod:`oar.distributed`), reshapes the scores into
-Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to TRL's loss. TRL buffers the batch, so the
-weights are computed once and reused across ``num_iterations`` and ``steps_per_generation``, like the old
-log-probs.
+With :mod:`oar.trl_rollout` (``vine``'s sampler and grader), the only module that knows TRL. Per rollout batch it
+calls TRL's own ``_generate_and_score_completions``, builds the outcome probe for the completions whose advantage
+is non-zero, scores their reasoning tokens with the policy (its full weights, also under FSDP2 and ZeRO-3:
+:mod:`oar.distributed`), reshapes the scores into Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to
+TRL's loss. TRL buffers the batch, so the weights are computed once and reused across ``num_iterations`` and
+``steps_per_generation``, like the old log-probs.
 """
 
 from __future__ import annotations
