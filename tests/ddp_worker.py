@@ -1,7 +1,8 @@
-"""One rank of the 2-process DDP test: ``torchrun --nproc_per_node 2 tests/ddp_worker.py OUT_JSON``.
+"""One rank of the 2-process DDP test: ``torchrun --nproc_per_node 2 tests/ddp_worker.py OUT_JSON [CREDIT]``.
 
-Trains the warm tiny LM with OAR-G for 3 steps on CPU (gloo), then rank 0 writes whether the parameters
-are identical on every rank, whether they moved, and the OAR metrics of each step.
+Trains the warm tiny LM with CREDIT (default OAR-G; ``vine`` with k=2, max_steps=2) for 3 steps on CPU (gloo),
+then rank 0 writes whether the parameters are identical on every rank, whether they moved, and the OAR metrics of
+each step.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm  # noqa: E402
 
+OPTIONS = {"vine": {"k": 2, "max_steps": 2, "separator": r" |, "}}
 
-def main(out_path: str) -> None:
+
+def main(out_path: str, credit: str = "oar-g") -> None:
     torch.set_num_threads(1)
     import datasets
     import torch.distributed as dist
@@ -30,7 +33,8 @@ def main(out_path: str) -> None:
     model = warm_tiny_lm(tok)
     flat0 = torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
     with tempfile.TemporaryDirectory() as tmp:
-        args = OARConfig(**grpo_kwargs(tmp, max_steps=3, per_device_train_batch_size=4), credit="oar-g")
+        args = OARConfig(**grpo_kwargs(tmp, max_steps=3, per_device_train_batch_size=4), credit=credit,
+                         credit_options=OPTIONS.get(credit))
         trainer = OARGRPOTrainer(model=model, reward_funcs=exact_reward, args=args,
                                  train_dataset=datasets.Dataset.from_list(task_rows(48, seed=3)),
                                  processing_class=tok)
@@ -47,6 +51,8 @@ def main(out_path: str) -> None:
             "moved": not torch.equal(flat0, flat),
             "frac_scored": [h["oar/frac_scored"] for h in logs],
             "weight_std": [h["oar/weight_std"] for h in logs],
+            "offset_abs": [h["oar/offset_abs_mean"] for h in logs],
+            "rollout_graded": [h.get("oar/rollout_graded", 0.0) for h in logs],
         }
         with open(out_path, "w", encoding="utf-8") as f:
             json.dump(result, f)
@@ -57,7 +63,7 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

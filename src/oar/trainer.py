@@ -1,11 +1,11 @@
 """TRL adapter: ``OARGRPOTrainer`` turns GRPO's sequence advantages into OAR per-token advantages.
 
-The only module that knows TRL. Per rollout batch it calls TRL's own ``_generate_and_score_completions``,
-builds the outcome probe for the completions whose advantage is non-zero, scores their reasoning tokens with
-the policy (its full weights, also under FSDP2 and ZeRO-3: :mod:`oar.distributed`), reshapes the scores into
-Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to TRL's loss. TRL buffers the batch, so the
-weights are computed once and reused across ``num_iterations`` and ``steps_per_generation``, like the old
-log-probs.
+With :mod:`oar.trl_rollout` (``vine``'s sampler and grader), the only module that knows TRL. Per rollout batch it
+calls TRL's own ``_generate_and_score_completions``, builds the outcome probe for the completions whose advantage
+is non-zero, scores their reasoning tokens with the policy (its full weights, also under FSDP2 and ZeRO-3:
+:mod:`oar.distributed`), reshapes the scores into Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to
+TRL's loss. TRL buffers the batch, so the weights are computed once and reused across ``num_iterations`` and
+``steps_per_generation``, like the old log-probs.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class OARConfig(GRPOConfig):
     credit: str = field(
         default="oar-g",
         metadata={"help": "Token credit: a registered method (oar.credit.credit_names(): grpo, oar-g, oar-p, "
-                          "entropy, random, entropy-mask, gtpo, ktae, cf-span, ...) or a control shuffle:NAME / "
+                          "entropy, random, entropy-mask, gtpo, ktae, cf-span, vine, ...) or a control shuffle:NAME / "
                           "inverted:NAME. 'grpo' = uniform weights (plain GRPO)."},
     )
     credit_options: dict | str | None = field(
@@ -233,10 +233,18 @@ class OARGRPOTrainer(GRPOTrainer):
                      output: dict[str, Any]) -> TokenCredit:
         a = self.args
         adv = output["advantages"]
+        rollout = rewards = None
+        if getattr(m.score, "needs_rollout", False):  # vine: continuations from the policy, graded by reward_funcs
+            from oar.trl_rollout import TRLContinuations
+
+            rollout = TRLContinuations(self, inputs, model)
+            n, p = adv.shape[0], self.accelerator.num_processes
+            start = self.accelerator.process_index * n
+            rewards = torch.tensor(self._rollout_rewards(n * p)[start : start + n], device=adv.device)
         batch = CreditBatch(
             prompt_ids=output["prompt_ids"], prompt_mask=output["prompt_mask"],
             completion_ids=output["completion_ids"], completion_mask=output["completion_mask"], advantages=adv,
-            model=model,
+            model=model, rollout=rollout, rewards=rewards,
         )
         refs = [str(row[a.reference_column]) for row in inputs] if a.answer_source == "reference" else None
         kwargs = dict(probe=self._probe, references=refs, batch_size=a.oar_batch_size,
@@ -244,7 +252,10 @@ class OARGRPOTrainer(GRPOTrainer):
         if m.name == "grpo":  # nothing to score: weights 1, logged as 0 completions scored
             return token_credit(m, batch, active=torch.zeros_like(adv, dtype=torch.bool), **kwargs)
         if not m.needs_group:
-            return token_credit(m, batch, active=adv != 0, **kwargs)
+            credit = token_credit(m, batch, active=adv != 0, **kwargs)
+            if rollout is not None:
+                self._log_rollout_cost(rollout.cost)
+            return credit
         # group statistics need whole groups: score the gathered rollout batch, keep this process's rows
         full = self._gathered_batch(batch)
         credit = token_credit(m, full, active=full.advantages != 0, **kwargs)
@@ -273,6 +284,18 @@ class OARGRPOTrainer(GRPOTrainer):
             completion_ids=gather(batch.completion_ids), completion_mask=gather(batch.completion_mask),
             advantages=adv, rewards=rewards, group=group, model=batch.model,
         )
+
+    def _log_rollout_cost(self, cost: dict[str, int]) -> None:
+        """Log what ``vine`` generated for this rollout batch, summed over ranks: ``oar/rollout_states`` (states
+        sampled), ``oar/rollout_tokens`` (continuation tokens generated), ``oar/rollout_graded`` (completions
+        graded) and ``oar/rollout_steps`` (steps per scored completion)."""
+        keys = ("states", "tokens", "graded", "steps", "rows")
+        local = torch.tensor([float(cost[k]) for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        tot = dict(zip(keys, self.accelerator.gather(local).view(-1, len(keys)).sum(0).tolist(), strict=True))
+        m = self._metrics["train"]
+        for k in ("states", "tokens", "graded"):
+            m[f"oar/rollout_{k}"].append(tot[k])
+        m["oar/rollout_steps"].append(tot["steps"] / tot["rows"] if tot["rows"] else 0.0)
 
     def _log_oar_metrics(self, credit: TokenCredit, seconds: float) -> None:
         """Reduce the diagnostics over ranks (:mod:`oar.credit.metrics`: the schema the verl plugin logs too) and

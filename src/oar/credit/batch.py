@@ -18,6 +18,8 @@ class CreditBatch:
     ``prompt_ids`` / ``prompt_mask``: ``[B, P]`` (any padding side). ``completion_ids`` / ``completion_mask``:
     ``[B, T]`` right-padded. ``advantages``: ``[B]`` sequence advantages. ``rewards``: ``[B]`` scalar rewards.
     ``group``: ``[B]`` long, the rollout group (prompt) of each completion. ``model``: the policy (π_old).
+    ``rollout``: what samples continuations and grades them (``vine``: a
+    :class:`oar.credit.peers.vine.Continuations`).
     """
 
     prompt_ids: torch.Tensor
@@ -28,10 +30,13 @@ class CreditBatch:
     rewards: torch.Tensor | None = None
     group: torch.Tensor | None = None
     model: Any = None
+    rollout: Any = None
 
     def rows(self, idx: torch.Tensor) -> CreditBatch:
         """The batch restricted to rows ``idx`` ([n] long)."""
         pick = {k: (v[idx] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        if self.rollout is not None:
+            pick["rollout"] = self.rollout.rows(idx)
         return CreditBatch(**pick)
 
 

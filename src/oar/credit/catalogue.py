@@ -3,7 +3,8 @@
 
 1. plain GRPO and OAR (arXiv 2601.07408): ``grpo``, ``oar-g``, ``oar-p``; our extensions ``oar-pg``, ``oar-prefix``;
 2. baselines on OAR's probe and reshaping: ``entropy``, ``random``;
-3. peer methods, each from its paper (:mod:`oar.credit.peers`): ``entropy-mask``, ``gtpo``, ``ktae``, ``cf-span``.
+3. peer methods, each from its paper (:mod:`oar.credit.peers`): ``entropy-mask``, ``gtpo``, ``ktae``, ``cf-span``,
+   ``vine``, ``vine-w``.
 
 The score and effect functions live with their method (:mod:`oar.importance`, :mod:`oar.credit.peers`); this
 module only states what each needs, costs and cites, and declares each option once, typed, with its range or
@@ -20,6 +21,9 @@ from oar.credit.peers.cf_span import cf_span_scores, cf_span_weights
 from oar.credit.peers.entropy_mask import entropy_mask_scores, high_entropy_mask
 from oar.credit.peers.gtpo import NORMS, gtpo_effect, gtpo_scores
 from oar.credit.peers.ktae import ktae_scores
+from oar.credit.peers.vine import PASSES as VINE_PASSES
+from oar.credit.peers.vine import SEPARATOR as VINE_SEPARATOR
+from oar.credit.peers.vine import VINE_PAPER, replace_effect, vine_scores, weight_effect
 from oar.credit.registry import register_credit
 from oar.importance import entropy_scores, gradient_scores, perturbation_scores, random_scores
 from oar.importance._common import MODES
@@ -165,3 +169,20 @@ register_credit(
             "0.5, 4) on the span's tokens",
     effect=cf_span_weights, options={"chunk_size": CHUNK_SIZE, "renormalize": Option(False, bool)},
 )(cf_span_scores)
+
+VINE = {"separator": Option(VINE_SEPARATOR, str), "max_steps": Option(8, int, ">= 1"), "k": Option(4, int, ">= 1"),
+        "temperature": Option(None, float, "> 0"), "prefixes_per_call": Option(64, int, ">= 1")}
+
+register_credit(
+    "vine", combine="replace", needs_policy=True, needs_probe=False, passes=VINE_PASSES, paper=VINE_PAPER,
+    summary="ΔV of the token's step: V(after) − V(before), V = mean reward of K sampled continuations from the "
+            "step boundary (the last V is the completion's reward); replaces the advantage",
+    effect=replace_effect, options=VINE, invert="negate",
+)(vine_scores)
+
+register_credit(
+    "vine-w", combine="multiply", needs_policy=True, needs_probe=False, passes=VINE_PASSES,
+    paper=f"{VINE_PAPER}; mass-preserving form of this project",
+    summary="GRPO's advantage spread over the steps: weight ∝ max(sign(A)·ΔV, 0) + eps, mean 1 over the completion",
+    effect=weight_effect, options={**VINE, "eps": Option(0.05, float, "> 0")}, invert="negate",
+)(vine_scores)
