@@ -77,26 +77,21 @@ def scan_table(out: Path) -> dict:
     return scan
 
 
-def _pm(d: dict | None) -> str:
-    if not d or d.get("mean") is None:
-        return "–"
-    ci = d.get("ci95")
-    return f"{100 * d['mean']:+.1f}" + (f" [±{100 * ci:.1f}]" if ci == ci and ci is not None else "")
-
-
 def _markdown(rows: list[dict], cells: dict) -> str:
+    from oar.lab.summary import format_diff
+
     head = ("| cell | credit | seeds | GRPO start → final | final | Δ same updates (@step) | Δ same budget "
             "| Δ mean acc over updates | steps |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(f"| {r['cell']} | {r['credit']} | {r['seeds']} | {100 * r['grpo_start']:.1f} → "
-                     f"{100 * r['grpo_final']:.1f} | {100 * r['final']:.1f} | {_pm(r['matched_diff'])} "
-                     f"(@{r['matched_step']}) | {_pm(r['final_diff'])} | {_pm(r['auc_updates_diff'])} "
+                     f"{100 * r['grpo_final']:.1f} | {100 * r['final']:.1f} | {format_diff(r['matched_diff'])} "
+                     f"(@{r['matched_step']}) | {format_diff(r['final_diff'])} | {format_diff(r['auc_updates_diff'])} "
                      f"| {r['steps']:.0f} |")
     lines += ["", "| cell | best oracle | seeds | Δ same updates [95% CI] | ≥ 5 points, CI excluding 0 |",
               "|---|---|---|---|---|"]
     for cell, b in cells.items():
-        lines.append(f"| {cell} | {b['best_oracle']} | {b['seeds']} | {_pm(b['matched_diff'])} "
+        lines.append(f"| {cell} | {b['best_oracle']} | {b['seeds']} | {format_diff(b['matched_diff'])} "
                      f"| {'yes' if b['meets_claim'] else 'no'} |")
     return "\n".join(lines) + "\n"
 

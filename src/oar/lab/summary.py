@@ -148,7 +148,8 @@ def _fmt(s: dict | None, scale: float = 1.0, digits: int = 1) -> str:
     return txt
 
 
-def _fmt_diff(d: dict | None, scale: float = 100.0) -> str:
+def format_diff(d: dict | None, scale: float = 100.0) -> str:
+    """A difference ``{"mean", "ci95"}`` as ``+x.x [±y.y]`` (points with the default ``scale``; "–" when missing)."""
     if not d or d["mean"] is None or d["mean"] != d["mean"]:
         return "–"
     ci = f" [±{d['ci95'] * scale:.1f}]" if d["ci95"] == d["ci95"] and d["ci95"] is not None else ""
@@ -164,10 +165,10 @@ def format_results_table(results: dict) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c, a in results["credits"].items():
         matched = (f"{_fmt(a['matched_accuracy'], 100)} vs {_fmt(a['ref_matched_accuracy'], 100)}: "
-                   f"{_fmt_diff(a['matched_diff'])}" if "matched_step" in a else "–")
+                   f"{format_diff(a['matched_diff'])}" if "matched_step" in a else "–")
         lines.append(
             f"| {c} | {_fmt(a['start_accuracy'], 100)} → {_fmt(a['final_accuracy'], 100)} | {_fmt(a['gain'], 100)} "
-            f"| {_fmt_diff(a.get('final_diff'))} | {a.get('matched_step', '–')} | {matched} "
+            f"| {format_diff(a.get('final_diff'))} | {a.get('matched_step', '–')} | {matched} "
             f"| {_fmt(a['final_greedy'], 100)} | {_fmt(a['steps'], 1, 0)} | {_fmt(a['step_time'], 1, 2)} "
             f"| {_fmt(a['importance_share'], 100)}% | {_fmt(a['steps_to_ref'], 1, 0)} ({a['reached_ref']}) "
             f"| {_fmt(a['seconds_to_ref'], 1, 0)} | {_fmt(a['grad_norm'], 1, 2)} | {_fmt(a['grad_clipped'], 100, 0)}% "
@@ -203,7 +204,7 @@ def format_headroom_table(results: dict) -> str:
     for c, a in rows:
         cells = [c]
         for key in ("auc_updates", "auc_seconds"):
-            cells.append(f"{_fmt(a[key], 100)} ({_fmt_diff(a[f'{key}_diff'])})" if a[key] else "–")
+            cells.append(f"{_fmt(a[key], 100)} ({format_diff(a[f'{key}_diff'])})" if a[key] else "–")
         cells += [f"{_fmt(a['steps_to_gain'], 1, 0)} ({a['reached_gain']})", _fmt(a["seconds_to_gain"], 1, 0)]
         if oracle:
             cells += [f"{_fmt_ratio(a['efficiency_updates'])} @{a['efficiency_step']}",
@@ -236,8 +237,8 @@ def terminal_summary(results: dict):
     for credit, a in results["credits"].items():
         acc = a["final_accuracy"]
         ci = f" ± {100 * acc['ci95']:.1f}" if acc["n"] > 1 and acc["ci95"] == acc["ci95"] else ""
-        same_budget = _fmt_diff(a.get("final_diff")) if credit != ref else "–"
-        same_updates = (f"{_fmt_diff(a['matched_diff'])} @{a['matched_step']}" if "matched_step" in a
+        same_budget = format_diff(a.get("final_diff")) if credit != ref else "–"
+        same_updates = (f"{format_diff(a['matched_diff'])} @{a['matched_step']}" if "matched_step" in a
                         and credit != ref else "–")
         table.add_row(credit, f"{100 * acc['mean']:.1f}{ci}", same_budget, same_updates,
                       f"{a['step_time']['mean']:.2f}")
