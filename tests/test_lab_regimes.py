@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 
+from oar.lab.compare import base_config
 from oar.lab.fidelity import attribution_fidelity, localisation
 from oar.lab.model import ModelConfig, build_model, lab_tokenizer
 from oar.lab.regimes import REGIMES, apply_regime
@@ -53,6 +56,36 @@ def test_regimes_apply_to_the_warm_start_task():
     assert apply_regime(WarmStartConfig(), "default") == WarmStartConfig()
     with pytest.raises(ValueError, match="unknown regime 'longer'; regimes: default"):
         apply_regime(WarmStartConfig(), "longer")
+    with pytest.raises(ValueError, match="unknown regime 'longer'; regimes: default"):
+        base_config("default", regime="longer")
+
+
+def _headroom_scan():
+    path = Path(__file__).parent.parent / "benchmarks" / "headroom_scan.py"
+    spec = importlib.util.spec_from_file_location("headroom_scan", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_headroom_regime_reproduces_the_confirmed_scan_cell():
+    """``--regime long-b16`` builds exactly the runs the scan confirmed (so ``--resume`` keeps them), under the
+    default and the study preset; ``--quick`` keeps its smoke budget and evaluation but trains the cell's recipe;
+    an explicit budget still wins; a task-only regime leaves the recipe alone."""
+    scan = _headroom_scan()
+    regime, run = scan.CELLS["long-b16"]
+    cell = base_config("default", budget_s=scan.BUDGET_S, regime=regime, run_overrides={**scan.EVAL, **run})
+    assert base_config("default", regime="long-b16") == cell
+    assert base_config("study", regime="long-b16") == cell
+    assert (cell.prompts_per_step, cell.group_size, cell.budget_s, cell.eval_every) == (4, 4, 100.0, 25)
+    quick = base_config("quick", regime="long-b16")
+    assert (quick.prompts_per_step, quick.group_size, quick.lr) == (4, 4, 1e-4)
+    assert (quick.budget_s, quick.eval_problems, quick.eval_every) == (30.0, 64, 10)
+    assert quick.warm.task == cell.warm.task and quick.warm.steps != cell.warm.steps  # the smoke's short warm start
+    assert base_config("default", budget_s=40.0, regime="long-b16").budget_s == 40.0
+    assert base_config("default", regime="long-b16", run_overrides={"lr": 2e-4}).lr == 2e-4
+    long = base_config("default", regime="long")
+    assert long.warm == cell.warm and (long.prompts_per_step, long.budget_s) == (16, 240.0)
 
 
 def test_fidelity_per_kind_and_localisation_run_on_a_tiny_model():

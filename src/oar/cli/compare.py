@@ -20,11 +20,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "(registered: oar.credit.credit_names(); default: the preset's)")
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
     p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
+    p.add_argument("--max-steps", type=int, dest="max_steps",
+                   help="stop every run at this many updates (or at --budget, whichever comes first): the "
+                   "equal-updates view at the end of the runs")
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                    help="how a run's training seconds are counted: its training thread's CPU time (default; "
                    "unaffected by other jobs on the machine) or wall-clock time")
     p.add_argument("--verbosity", type=int, help="filler phrases per solution step (default 1)")
-    p.add_argument("--regime", help="task regime: default, terse, long, distract, verbose (oar.lab.regimes)")
+    p.add_argument("--regime", help="lab regime (oar.lab.regimes): default, terse, long, distract, verbose, chain10, "
+                   "or long-b16, the headroom cell, which also sets its batch shape, lr, budget and evaluation "
+                   "(--quick keeps its own budget and evaluation)")
     p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
     p.add_argument("--resume", action="store_true",
@@ -41,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     credits = tuple(c.strip() for c in args.credits.split(",") if c.strip()) if args.credits else None
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")
+    overrides = {"clock": args.clock, **({"max_steps": args.max_steps} if args.max_steps is not None else {})}
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
                       verbosity=args.verbosity, workers=args.workers, resume=args.resume, regime=args.regime,
-                      run_overrides={"clock": args.clock}, verbose=args.verbose,
-                      imports=tuple(args.modules))
+                      run_overrides=overrides, verbose=args.verbose, imports=tuple(args.modules))
     print_summary(results, args.out)
     return 0

@@ -42,10 +42,11 @@ class ComparePreset:
     eval_k: int
     run: dict = field(default_factory=dict)  # extra RunConfig fields
     warm_steps: int | None = None  # SFT steps of the warm start (None: WarmStartConfig's default)
+    smoke: bool = False  # keeps its own budget and evaluation under a regime that carries a study's protocol
 
 
 PRESETS: dict[str, ComparePreset] = {
-    "quick": ComparePreset(("grpo", "oar-g"), 1, 30.0, 10, 64, 2, warm_steps=250),
+    "quick": ComparePreset(("grpo", "oar-g"), 1, 30.0, 10, 64, 2, warm_steps=250, smoke=True),
     "default": ComparePreset(("grpo", "oar-g"), 2, 240.0, 20, 256, 4),
     "study": ComparePreset(("grpo", "oar-g", "oar-p"), 6, 300.0, 30, 512, 4),
 }
@@ -144,6 +145,31 @@ def _job(args: tuple[RunConfig, str, str | None]) -> dict:
     return summary
 
 
+def base_config(preset: str = "default", budget_s: float | None = None, verbosity: int | None = None,
+                warm: WarmStartConfig | None = None, run_overrides: dict | None = None,
+                regime: str | None = None) -> RunConfig:
+    """The :class:`RunConfig` every run of a comparison starts from (credit and seed still to set): the preset's
+    budget and evaluation, then the regime's task and recipe (and its protocol unless the preset is a smoke one),
+    ``verbosity``, ``run_overrides`` and ``budget_s``, in that order of precedence."""
+    p = PRESETS[preset]
+    warm = warm or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
+    fields = {"budget_s": p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,
+              "eval_k": p.eval_k, **p.run}
+    if regime is not None:
+        from oar.lab.regimes import apply_regime, get_regime
+
+        warm = apply_regime(warm, regime)  # ValueError naming the registered regimes
+        fields.update(get_regime(regime).recipe)
+        if not p.smoke:
+            fields.update(get_regime(regime).protocol)
+    if verbosity is not None:
+        warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
+    fields.update(run_overrides or {})
+    if budget_s:
+        fields["budget_s"] = budget_s
+    return RunConfig(warm=warm, **fields)
+
+
 def compare(
     out_dir: str | Path, preset: str = "default", credits: tuple[str, ...] | None = None,
     seeds: int | None = None, budget_s: float | None = None, verbosity: int | None = None, workers: int = 2,
@@ -154,7 +180,9 @@ def compare(
     """Run every (credit, seed) of ``preset`` (overridden by the arguments) and write the results.
 
     ``run_overrides``: extra :class:`RunConfig` fields applied to every run (e.g. ``{"lr": 3e-4}``).
-    ``regime``: task overrides of :data:`oar.lab.regimes.REGIMES` (applied before ``verbosity``).
+    ``regime``: a regime of :data:`oar.lab.regimes.REGIMES`: its task overrides (applied before ``verbosity``),
+    its recipe (batch shape, lr) and, except under a smoke preset (``quick``), its protocol (budget, evaluation).
+    Precedence: preset < regime < ``run_overrides`` < ``budget_s``.
     ``resume``: keep the finished runs already in ``out_dir`` whose configuration is the one this call would
     run (an interrupted comparison continues where it stopped); every other run is trained from the start.
     ``progress``: draw the live table (warm start, then one line per run; :class:`oar.progress.RunTable`).
@@ -174,16 +202,7 @@ def compare(
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    warm = warm or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
-    if regime is not None:
-        from oar.lab.regimes import apply_regime
-
-        warm = apply_regime(warm, regime)
-    if verbosity is not None:
-        warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
-    fields = {"budget_s": budget_s or p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,
-              "eval_k": p.eval_k, **p.run, **(run_overrides or {})}
-    base = RunConfig(warm=warm, **fields)
+    base = base_config(preset, budget_s, verbosity, warm, run_overrides, regime)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from rich.live import Live

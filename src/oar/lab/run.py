@@ -69,6 +69,8 @@ class RunConfig:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {tuple(CLOCKS)}, got {self.clock!r}")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
 

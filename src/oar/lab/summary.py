@@ -24,8 +24,10 @@ def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str =
     Per run: start/final held-out ``eval/accuracy`` (sampled avg@k; final = mean of the last two evaluations
     after step 0: the start evaluation never enters it, so a run with one evaluation after it takes that one),
     greedy accuracy, steps, training seconds, mean ``step_time``, importance share, mean grad norm, clipped
-    fraction, weight ESS ratio and the final entropy; ``steps_to_ref``/``seconds_to_ref``: first evaluation after
-    step 0 reaching the ``reference`` credit's mean final accuracy (None if never).
+    fraction, weight ESS ratio, the final entropy, the mean completion length (tokens) and ``vine``'s extra
+    generated continuation tokens per update (``rollout_tokens``; NaN for a credit that samples none);
+    ``steps_to_ref``/``seconds_to_ref``: first evaluation after step 0 reaching the ``reference`` credit's mean
+    final accuracy (None if never).
     Per credit, against the reference: ``final_diff`` (difference of mean final accuracies, Welch 95% CI) and, at
     ``matched_step`` (the fewest updates any run of the credit or of the reference made), ``matched_accuracy``,
     ``ref_matched_accuracy`` and ``matched_diff``; accuracies between evaluations are linearly interpolated.
@@ -45,6 +47,8 @@ def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str =
             "importance_share": _mean_key(train, "oar/importance_share"),
             "grad_norm": _mean_key(train, "grad_norm"), "grad_clipped": _mean_key(train, "oar/grad_clipped"),
             "ess_ratio": _mean_key(train, "oar/ess_ratio"), "reward": _mean_key(train[-10:], "reward"),
+            "rollout_tokens": _mean_key(train, "oar/rollout_tokens"),
+            "completion_length": _mean_key(train, "completions/mean_length"),
             "final_entropy": train[-1].get("entropy", float("nan")) if train else float("nan"),
             "start_entropy": train[0].get("entropy", float("nan")) if train else float("nan"),
             "curve": [(r["step"], r["wall_time"], r["eval/accuracy"]) for r in evals],
@@ -60,7 +64,8 @@ def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str =
         rs = [r for (cc, _), r in sorted(per_run.items()) if cc == c]
         agg = {k: mean_ci([r[k] for r in rs]) for k in (
             "start_accuracy", "final_accuracy", "final_greedy", "final_pass_at_k", "steps", "train_seconds",
-            "step_time", "importance_share", "grad_norm", "grad_clipped", "ess_ratio", "final_entropy")}
+            "step_time", "importance_share", "grad_norm", "grad_clipped", "ess_ratio", "final_entropy",
+            "rollout_tokens", "completion_length")}
         agg["gain"] = mean_ci([r["final_accuracy"] - r["start_accuracy"] for r in rs])
         if ref_runs:  # same number of updates: the fewest steps any run of c or of the reference made
             matched = min(r["curve"][-1][0] for r in rs + ref_runs)
