@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -230,6 +231,39 @@ def test_headroom_metrics_and_credit_efficiency(tmp_path):
     assert a["grpo"]["efficiency_updates"]["mean"] == pytest.approx(0.0)
     table = format_results_table(res)
     assert "Best oracle: oracle-blame" in table and "| 0.25 [0.00, 0.50] @30 | 0.22 [" in table
+
+
+def test_efficiency_table_applies_the_declared_claim_rule(tmp_path):
+    """benchmarks/efficiency_table.py: a credit captures headroom only with its Welch CI and its efficiency
+    interval both above 0; "below GRPO" when the Welch CI lies under 0; the table, JSON and plot are written."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "efficiency_table", Path(__file__).parent.parent / "benchmarks" / "efficiency_table.py")
+    eff = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eff)
+    up, flat, down = {"mean": 0.1, "ci95": 0.05}, {"mean": 0.1, "ci95": 0.2}, {"mean": -0.1, "ci95": 0.05}
+    assert eff.verdict(up, {"mean": 0.5, "lo": 0.1, "hi": 0.9}) == "captures headroom"
+    assert eff.verdict(up, {"mean": 0.5, "lo": -0.1, "hi": 0.9}) == "not distinguishable"
+    assert eff.verdict(flat, {"mean": 0.5, "lo": 0.1, "hi": 0.9}) == "not distinguishable"
+    assert eff.verdict(down, None) == "below GRPO" and eff.verdict(None, None) == "not distinguishable"
+
+    runs = {"grpo": [[0.2, 0.3, 0.4, 0.4], [0.2, 0.3, 0.4, 0.5], [0.2, 0.3, 0.3, 0.4]],
+            "oracle-process": [[0.2, 0.5, 0.7, 0.7], [0.2, 0.5, 0.7, 0.8], [0.2, 0.6, 0.7, 0.7]],
+            "oar-g": [[0.2, 0.2, 0.2, 0.2], [0.2, 0.2, 0.2, 0.1], [0.2, 0.1, 0.2, 0.2]]}
+    out = tmp_path / "cmp"
+    dirs = {(c, s): _fake_run(out / f"{c}-s{s}", accs[s], 1.0, 0.5) for c, accs in runs.items() for s in range(3)}
+    results = summarize_comparison(dirs)
+    results["config"] = {"prompts_per_step": 4, "group_size": 4}
+    (out / "results.json").write_text(json.dumps(results))
+    (out / "results.md").write_text(format_results_table(results))
+    assert eff.main([str(out), "--out", str(tmp_path / "eff")]) == 0
+    rows = {r["credit"]: r for r in json.loads((tmp_path / "eff" / "efficiency.json").read_text())["rows"]}
+    assert rows["oracle-process"]["verdict_updates"] == "captures headroom"
+    assert rows["oar-g"]["verdict_updates"] == "below GRPO" and rows["oar-g"]["efficiency_updates"]["mean"] < 0
+    assert rows["grpo"]["cost_vs_ref"] == pytest.approx(1.0)
+    assert "Best oracle: `oracle-process`" in (tmp_path / "eff" / "efficiency.md").read_text()
+    assert (tmp_path / "eff" / "efficiency.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_no_oracle_means_no_efficiency(tmp_path):

@@ -1,0 +1,150 @@
+"""The credit-efficiency table of the headroom regime (docs/lab.md, "The credit-efficiency study"): every credit as a
+share of the best oracle's headroom over GRPO, both views, with the declared claim rule and the cost per update.
+
+    python benchmarks/efficiency_table.py runs/efficiency --out docs/results/efficiency_long_b16
+
+Reads an ``oar compare`` directory's ``results.json`` (with oracle columns); writes ``OUT/results.json`` and
+``OUT/results.md`` (copies), ``OUT/efficiency.json``, ``OUT/efficiency.md`` and ``OUT/efficiency.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from oar.files import atomic_write
+from oar.lab.summary import format_diff, is_oracle
+
+
+def _excludes_zero(d: dict | None) -> bool:
+    """A Welch difference ``{"mean", "ci95"}`` whose 95% interval lies above 0."""
+    return bool(d and d.get("mean") is not None and d.get("ci95") is not None and d["mean"] - d["ci95"] > 0)
+
+
+def _interval_above_zero(e: dict | None) -> bool:
+    return bool(e and e.get("lo") is not None and e["lo"] > 0)
+
+
+def _below(d: dict | None) -> bool:
+    return bool(d and d.get("mean") is not None and d.get("ci95") is not None and d["mean"] + d["ci95"] < 0)
+
+
+def verdict(diff: dict | None, eff: dict | None) -> str:
+    """The declared claim rule of one view: Δ vs GRPO > 0 with its Welch CI excluding 0 and the efficiency
+    interval excluding 0; "below" when the Welch CI lies under 0; otherwise not distinguishable."""
+    if _excludes_zero(diff) and _interval_above_zero(eff):
+        return "captures headroom"
+    return "below GRPO" if _below(diff) else "not distinguishable"
+
+
+def efficiency_rows(results: dict) -> list[dict]:
+    """One row per credit: both views' Δ and efficiency, the verdicts, and the cost per update (CPU s, relative
+    to the reference, scoring share, extra generated tokens)."""
+    ref = results["reference"]
+    creds = results["credits"]
+    ref_cost = creds[ref]["train_seconds"]["mean"] / creds[ref]["steps"]["mean"]
+    rows = []
+    for c, a in creds.items():
+        per_update = a["train_seconds"]["mean"] / a["steps"]["mean"]
+        rows.append({
+            "credit": c, "oracle": is_oracle(c), "seeds": a["final_accuracy"]["n"],
+            "final": a["final_accuracy"]["mean"], "steps": a["steps"]["mean"],
+            "matched_step": a.get("matched_step"), "matched_diff": a.get("matched_diff"),
+            "final_diff": a.get("final_diff"), "auc_updates_diff": a.get("auc_updates_diff"),
+            "efficiency_step": a.get("efficiency_step"), "efficiency_updates": a.get("efficiency_updates"),
+            "efficiency_budget": a.get("efficiency_budget"),
+            "verdict_updates": verdict(a.get("matched_diff"), a.get("efficiency_updates")),
+            "verdict_budget": verdict(a.get("final_diff"), a.get("efficiency_budget")),
+            "cpu_s_per_update": per_update, "cost_vs_ref": per_update / ref_cost,
+            "importance_share": a["importance_share"]["mean"] or 0.0,
+            "rollout_tokens": (a.get("rollout_tokens") or {}).get("mean"),
+            "completion_tokens": ((a.get("completion_length") or {}).get("mean") or 0.0)
+            * results["config"]["prompts_per_step"] * results["config"]["group_size"],
+        })
+    return rows
+
+
+def _eff(e: dict | None) -> str:
+    if not e or e.get("mean") is None:
+        return "–"
+    lo, hi = e.get("lo"), e.get("hi")
+    return f"{e['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}]" if lo is not None and hi is not None else f"{e['mean']:+.2f}"
+
+
+def markdown(results: dict, rows: list[dict]) -> str:
+    best = next(iter(results["credits"].values())).get("best_oracle")
+    head = ("| credit | seeds | final | Δ same updates (@step) | efficiency, same updates | Δ same budget "
+            "| efficiency, same budget | Δ mean acc over updates | updates | CPU s / update (× GRPO) | scoring share "
+            "| generated tokens / update (extra) | verdict: same updates / same budget |")
+    lines = [f"Best oracle: `{best}`. Efficiency = (credit − GRPO) / (best oracle − GRPO), paired bootstrap 95 % "
+             "interval over seeds; Δ in points [Welch 95 % CI]. Verdict by the declared rule (docs/lab.md).", "",
+             head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        extra = f" (+{r['rollout_tokens']:.0f})" if r["rollout_tokens"] else ""
+        lines.append(
+            f"| {r['credit']} | {r['seeds']} | {100 * r['final']:.1f} | {format_diff(r['matched_diff'])} "
+            f"(@{r['matched_step']}) | {_eff(r['efficiency_updates'])} | {format_diff(r['final_diff'])} "
+            f"| {_eff(r['efficiency_budget'])} | {format_diff(r['auc_updates_diff'])} | {r['steps']:.0f} "
+            f"| {r['cpu_s_per_update']:.2f} ({r['cost_vs_ref']:.1f}×) | {100 * r['importance_share']:.0f}% "
+            f"| {r['completion_tokens']:.0f}{extra} | {r['verdict_updates']} / {r['verdict_budget']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Credit efficiency per credit, both views, with the bootstrap intervals (one PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["efficiency_updates"] is not None]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(rows)), 3.8))
+    for j, (key, label) in enumerate((("efficiency_updates", "same updates"), ("efficiency_budget", "same budget"))):
+        xs = [i + (j - 0.5) * 0.38 for i in range(len(rows))]
+        effs = [r[key] or {} for r in rows]
+        ys = [e.get("mean") or 0.0 for e in effs]
+        lo = [y - e["lo"] if e.get("lo") is not None else 0.0 for y, e in zip(ys, effs, strict=True)]
+        hi = [e["hi"] - y if e.get("hi") is not None else 0.0 for y, e in zip(ys, effs, strict=True)]
+        ax.bar(xs, ys, 0.38, yerr=[lo, hi], capsize=2, label=label)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.axhline(1, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(rows)), [r["credit"] for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("credit efficiency (share of the oracle's headroom)")
+    ax.set_ylim(-3, 2)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("compare_dir", help="an oar compare directory with results.json (oracle columns included)")
+    p.add_argument("--out", required=True, help="directory for the copies, efficiency.{json,md,png}")
+    a = p.parse_args(argv)
+    src = Path(a.compare_dir) / "results.json"
+    if not src.is_file():
+        p.error(f"no results.json in {a.compare_dir!r}")
+    results = json.loads(src.read_text(encoding="utf-8"))
+    if not any(is_oracle(c) for c in results["credits"]):
+        p.error(f"{str(src)!r} has no oracle column: credit efficiency needs one")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("results.json", "results.md"):
+        shutil.copyfile(Path(a.compare_dir) / name, out / name)
+    rows = efficiency_rows(results)
+    atomic_write(out / "efficiency.json", json.dumps({"source": str(src), "rows": rows}, indent=1))
+    atomic_write(out / "efficiency.md", markdown(results, rows))
+    plot(rows, out / "efficiency.png")
+    sys.stdout.write((out / "efficiency.md").read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
