@@ -10,7 +10,6 @@ Reads an ``oar compare`` directory's ``results.json`` (with oracle columns); wri
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import shutil
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from oar.files import atomic_write
 from oar.lab.summary import format_diff, is_oracle
+from oar.viz.plots import save_png
 
 
 def _excludes_zero(d: dict | None) -> bool:
@@ -117,10 +117,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylim(-3, 2)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_png(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

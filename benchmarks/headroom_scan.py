@@ -103,7 +103,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from oar.files import atomic_write
+    from oar.viz.plots import save_png
 
     cells = list(dict.fromkeys(r["cell"] for r in rows))
     credits = [c for c in dict.fromkeys(r["credit"] for r in rows) if c != "grpo"]
@@ -122,12 +122,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("Δ held-out acc vs GRPO, same updates (points)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_png(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,18 @@ PREFERRED = ("eval/accuracy", "reward", "entropy", "oar/ess_ratio", "step_time",
 _NOT_METRICS = {"step", "wall_time", "epoch"}
 
 
+def save_png(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
+    """Write matplotlib figure ``fig`` as a PNG at ``path`` atomically and close it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", **savefig_kwargs)
+    finally:
+        plt.close(fig)
+    return atomic_write(path, buf.getvalue())
+
+
 @dataclass
 class Run:
     """One run directory: its ``run.json`` (``meta``) and its ``metrics.jsonl`` rows in file order."""
@@ -178,11 +190,10 @@ def plot_metric(runs: Sequence[Run], key: str, path: str | os.PathLike, x: str =
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize="small")
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight")  # keeps the legend below the axes
-    finally:
+    except BaseException:
         plt.close(fig)
-    return atomic_write(path, buf.getvalue())
+        raise
+    return save_png(fig, path, bbox_inches="tight")  # keeps the legend below the axes
 
 
 def step_time_breakdown(runs: Sequence[Run], group_by: str = "credit") -> dict[str, tuple[float, float]]:
@@ -230,9 +241,8 @@ def plot_step_time_breakdown(runs: Sequence[Run], path: str | os.PathLike, group
         ax.grid(alpha=0.3, axis="x")
         if labels:
             ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=2, frameon=False)
-        buf = io.BytesIO()
         fig.tight_layout()
-        fig.savefig(buf, format="png")
-    finally:
+    except BaseException:
         plt.close(fig)
-    return atomic_write(path, buf.getvalue())
+        raise
+    return save_png(fig, path)
