@@ -96,6 +96,11 @@ def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
         compare(tmp_path, preset="huge")
     assert main(["compare", "--seeds", "0", "--out", str(tmp_path)]) == 2
     assert "seeds must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["compare", "--max-steps", "0", "--out", str(tmp_path)]) == 2
+    assert "max_steps must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["compare", "--regime", "long-b8", "--out", str(tmp_path)]) == 2
+    assert "unknown regime 'long-b8'; regimes: default" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_presets_fit_their_budgets():
