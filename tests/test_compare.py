@@ -194,6 +194,15 @@ def test_terminal_summary_is_compact_and_names_both_differences(tmp_path):
     assert lines[3].split() == ["oar-g", "40.0", "±", "127.1", "+0.0", "[±127.1]", "-5.0", "[±142.1]", "@30",
                                 "1.50"]
     assert lines[2].split() == ["grpo", "40.0", "±", "0.0", "–", "–", "1.00"]
+    assert "oracle" not in console.export_text()
+    dirs[("oracle-process", 0)] = _fake_run(tmp_path / "p0", [0.2, 0.5, 0.6, 0.6], 1.0, 0.5)
+    dirs[("oracle-process", 1)] = _fake_run(tmp_path / "p1", [0.2, 0.4, 0.5, 0.7], 1.0, 0.5)
+    console = Console(record=True, width=80, color_system=None)
+    console.print(terminal_summary({**summarize_comparison(dirs), "seeds": 2}))
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    # at step 30, oar-g's gaps to grpo (+0.1, -0.2) over the oracle's (+0.2, +0.2): -0.1 / 0.4
+    assert max(map(len, lines)) <= 80 and lines[3].split()[-1] == "-0.25" and lines[4].split()[-1] == "+1.00"
+    assert lines[4].split()[:3] == ["oracle-process", "60.0", "±"]  # nothing truncated
 
 
 def test_headroom_stats_by_hand():

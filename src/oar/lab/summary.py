@@ -229,15 +229,17 @@ def format_headroom_table(results: dict) -> str:
 def terminal_summary(results: dict):
     """The compact result for a terminal (a ``rich.table.Table``, fits 80 columns): per credit the final held-out
     accuracy ± 95% CI, the difference to the reference at equal training seconds (same budget) and at equal
-    updates (``matched_step``), and seconds per step. Points of accuracy; CIs are half-widths."""
+    updates (``matched_step``), and seconds per step; with oracle columns, the credit efficiency at the same
+    number of updates (the share of the best oracle's gain). Points of accuracy; CIs are half-widths."""
     from rich.table import Table
 
     ref = results["reference"]
     seeds = results.get("seeds", 1)
+    oracle = any(a.get("efficiency_updates") for a in results["credits"].values())
     table = Table(title="held-out accuracy, points " + (f"(± 95% CI over {seeds} seeds)" if seeds > 1
                                                          else "(1 seed: no interval)"),
                   title_justify="left", box=None, pad_edge=False)
-    for name in ("credit", "final acc", f"Δ vs {ref}, same budget", f"Δ vs {ref}, same updates", "s/step"):
+    for name in ("credit", "final acc", "Δ same budget", "Δ same updates", "s/step", *(("oracle",) if oracle else ())):
         table.add_column(name, justify="left" if name == "credit" else "right", no_wrap=True)
     for credit, a in results["credits"].items():
         acc = a["final_accuracy"]
@@ -245,10 +247,14 @@ def terminal_summary(results: dict):
         same_budget = format_diff(a.get("final_diff")) if credit != ref else "–"
         same_updates = (f"{format_diff(a['matched_diff'])} @{a['matched_step']}" if "matched_step" in a
                         and credit != ref else "–")
+        share = (a.get("efficiency_updates") or {}).get("mean")
         table.add_row(credit, f"{100 * acc['mean']:.1f}{ci}", same_budget, same_updates,
-                      f"{a['step_time']['mean']:.2f}")
-    table.caption = ("Δ: difference of means [Welch 95% CI]; same updates: at the fewest steps any run of the pair "
-                     "made (@step). Full table: results.md.")
+                      f"{a['step_time']['mean']:.2f}",
+                      *((f"{share:+.2f}" if share is not None and credit != ref else "–",) if oracle else ()))
+    table.caption = (f"Δ: difference of means vs {ref} [Welch 95% CI]; same updates: at the fewest steps any run of "
+                     "the pair made (@step)" + (f"; oracle: share of the best oracle's gain, (credit − {ref}) / "
+                                                f"(oracle − {ref}), at the same updates" if oracle else "")
+                     + ". Full table: results.md.")
     table.caption_justify = "left"
     return table
 
