@@ -20,50 +20,59 @@ from oar.lab.summary import format_diff, is_oracle
 from oar.viz.plots import save_png
 
 
-def _excludes_zero(d: dict | None) -> bool:
+def _above_zero(d: dict | None) -> bool:
     """A Welch difference ``{"mean", "ci95"}`` whose 95% interval lies above 0."""
     return bool(d and d.get("mean") is not None and d.get("ci95") is not None and d["mean"] - d["ci95"] > 0)
 
 
-def _interval_above_zero(e: dict | None) -> bool:
-    return bool(e and e.get("lo") is not None and e["lo"] > 0)
-
-
-def _below(d: dict | None) -> bool:
+def _below_zero(d: dict | None) -> bool:
+    """A Welch difference whose 95% interval lies below 0."""
     return bool(d and d.get("mean") is not None and d.get("ci95") is not None and d["mean"] + d["ci95"] < 0)
 
 
-def verdict(diff: dict | None, eff: dict | None) -> str:
-    """The declared claim rule of one view: Δ vs GRPO > 0 with its Welch CI excluding 0 and the efficiency
-    interval excluding 0; "below" when the Welch CI lies under 0; otherwise not distinguishable."""
-    if _excludes_zero(diff) and _interval_above_zero(eff):
-        return "captures headroom"
-    return "below GRPO" if _below(diff) else "not distinguishable"
+def _interval_above_zero(e: dict | None) -> bool:
+    """A bootstrap interval ``{"mean", "lo", "hi"}`` that lies above 0."""
+    return bool(e and e.get("lo") is not None and e["lo"] > 0)
+
+
+def verdict(diff: dict | None, eff: dict | None, positive: str = "captures headroom") -> str:
+    """The declared claim rule of one view: ``positive`` when Δ vs GRPO has its Welch CI above 0 and the efficiency
+    interval lies above 0; "below GRPO" when the Welch CI lies under 0; otherwise "not distinguishable"."""
+    if _above_zero(diff) and _interval_above_zero(eff):
+        return positive
+    return "below GRPO" if _below_zero(diff) else "not distinguishable"
+
+
+def _mean(stat: dict | None) -> float | None:
+    """A statistic's mean; None when missing or NaN (results.json holds null, a summary in memory NaN)."""
+    m = (stat or {}).get("mean")
+    return None if m is None or m != m else m
 
 
 def efficiency_rows(results: dict) -> list[dict]:
-    """One row per credit: both views' Δ and efficiency, the verdicts, and the cost per update (CPU s, relative
-    to the reference, scoring share, extra generated tokens)."""
+    """One row per credit: both views' Δ and efficiency, the verdicts (None for the reference), and the cost per
+    update (CPU s and its ratio to the reference, scoring share, generated tokens; None where not logged)."""
     ref = results["reference"]
     creds = results["credits"]
     ref_cost = creds[ref]["train_seconds"]["mean"] / creds[ref]["steps"]["mean"]
+    batch = results["config"]["prompts_per_step"] * results["config"]["group_size"]
     rows = []
     for c, a in creds.items():
         per_update = a["train_seconds"]["mean"] / a["steps"]["mean"]
+        length = _mean(a.get("completion_length"))
         rows.append({
-            "credit": c, "oracle": is_oracle(c), "seeds": a["final_accuracy"]["n"],
+            "credit": c, "reference": c == ref, "oracle": is_oracle(c), "seeds": a["final_accuracy"]["n"],
             "final": a["final_accuracy"]["mean"], "steps": a["steps"]["mean"],
             "matched_step": a.get("matched_step"), "matched_diff": a.get("matched_diff"),
             "final_diff": a.get("final_diff"), "auc_updates_diff": a.get("auc_updates_diff"),
             "efficiency_step": a.get("efficiency_step"), "efficiency_updates": a.get("efficiency_updates"),
             "efficiency_budget": a.get("efficiency_budget"),
-            "verdict_updates": verdict(a.get("matched_diff"), a.get("efficiency_updates")),
-            "verdict_budget": verdict(a.get("final_diff"), a.get("efficiency_budget")),
+            "verdict_updates": None if c == ref else verdict(a.get("matched_diff"), a.get("efficiency_updates")),
+            "verdict_budget": None if c == ref else verdict(a.get("final_diff"), a.get("efficiency_budget"),
+                                                            "pays at equal compute"),
             "cpu_s_per_update": per_update, "cost_vs_ref": per_update / ref_cost,
-            "importance_share": a["importance_share"]["mean"] or 0.0,
-            "rollout_tokens": (a.get("rollout_tokens") or {}).get("mean"),
-            "completion_tokens": ((a.get("completion_length") or {}).get("mean") or 0.0)
-            * results["config"]["prompts_per_step"] * results["config"]["group_size"],
+            "importance_share": _mean(a.get("importance_share")), "rollout_tokens": _mean(a.get("rollout_tokens")),
+            "completion_tokens": None if length is None else length * batch,
         })
     return rows
 
@@ -75,8 +84,13 @@ def _eff(e: dict | None) -> str:
     return f"{e['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}]" if lo is not None and hi is not None else f"{e['mean']:+.2f}"
 
 
+def _num(x: float | None, fmt: str) -> str:
+    return "–" if x is None or x != x else format(x, fmt)
+
+
 def markdown(results: dict, rows: list[dict]) -> str:
-    best = next(iter(results["credits"].values())).get("best_oracle")
+    """The efficiency table (``efficiency.md``): one row per credit, the reference first as the results hold it."""
+    best = results["credits"][results["reference"]].get("best_oracle")
     head = ("| credit | seeds | final | Δ same updates (@step) | efficiency, same updates | Δ same budget "
             "| efficiency, same budget | Δ mean acc over updates | updates | CPU s / update (× GRPO) | scoring share "
             "| generated tokens / update (extra) | verdict: same updates / same budget |")
@@ -85,36 +99,38 @@ def markdown(results: dict, rows: list[dict]) -> str:
              head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         extra = f" (+{r['rollout_tokens']:.0f})" if r["rollout_tokens"] else ""
+        share = _num(None if r["importance_share"] is None else 100 * r["importance_share"], ".0f")
+        verdicts = "reference" if r["reference"] else f"{r['verdict_updates']} / {r['verdict_budget']}"
+        eff_u, eff_b = ("–", "–") if r["reference"] else (_eff(r["efficiency_updates"]), _eff(r["efficiency_budget"]))
         lines.append(
             f"| {r['credit']} | {r['seeds']} | {100 * r['final']:.1f} | {format_diff(r['matched_diff'])} "
-            f"(@{r['matched_step']}) | {_eff(r['efficiency_updates'])} | {format_diff(r['final_diff'])} "
-            f"| {_eff(r['efficiency_budget'])} | {format_diff(r['auc_updates_diff'])} | {r['steps']:.0f} "
-            f"| {r['cpu_s_per_update']:.2f} ({r['cost_vs_ref']:.1f}×) | {100 * r['importance_share']:.0f}% "
-            f"| {r['completion_tokens']:.0f}{extra} | {r['verdict_updates']} / {r['verdict_budget']} |")
+            f"(@{r['matched_step']}) | {eff_u} | {format_diff(r['final_diff'])} | {eff_b} "
+            f"| {format_diff(r['auc_updates_diff'])} | {r['steps']:.0f} "
+            f"| {r['cpu_s_per_update']:.2f} ({r['cost_vs_ref']:.1f}×) | {share}{'%' if share != '–' else ''} "
+            f"| {_num(r['completion_tokens'], '.0f')}{extra} | {verdicts} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Credit efficiency per credit, both views, with the bootstrap intervals (one PNG)."""
+    """Credit efficiency per credit (the reference and credits without one left out), both views, with the
+    bootstrap intervals; the y range covers every interval (one PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r["efficiency_updates"] is not None]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(rows)), 3.8))
+    rows = [r for r in rows if not r["reference"] and _mean(r["efficiency_updates"]) is not None]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(rows)), 4.2))
     for j, (key, label) in enumerate((("efficiency_updates", "same updates"), ("efficiency_budget", "same budget"))):
-        xs = [i + (j - 0.5) * 0.38 for i in range(len(rows))]
-        effs = [r[key] or {} for r in rows]
-        ys = [e.get("mean") or 0.0 for e in effs]
-        lo = [y - e["lo"] if e.get("lo") is not None else 0.0 for y, e in zip(ys, effs, strict=True)]
-        hi = [e["hi"] - y if e.get("hi") is not None else 0.0 for y, e in zip(ys, effs, strict=True)]
-        ax.bar(xs, ys, 0.38, yerr=[lo, hi], capsize=2, label=label)
+        pts = [(i + (j - 0.5) * 0.38, r[key]) for i, r in enumerate(rows) if _mean(r[key]) is not None]
+        ys = [e["mean"] for _, e in pts]
+        lo = [e["mean"] - e["lo"] if e.get("lo") is not None else 0.0 for _, e in pts]
+        hi = [e["hi"] - e["mean"] if e.get("hi") is not None else 0.0 for _, e in pts]
+        ax.bar([x for x, _ in pts], ys, 0.38, yerr=[lo, hi], capsize=2, label=label)
     ax.axhline(0, color="k", lw=0.8)
     ax.axhline(1, color="grey", lw=0.8, ls="--")
     ax.set_xticks(range(len(rows)), [r["credit"] for r in rows], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("credit efficiency (share of the oracle's headroom)")
-    ax.set_ylim(-3, 2)
+    ax.set_ylabel("share of the oracle's gain")
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path, dpi=120)
@@ -125,18 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("compare_dir", help="an oar compare directory with results.json (oracle columns included)")
     p.add_argument("--out", required=True, help="directory for the copies, efficiency.{json,md,png}")
     a = p.parse_args(argv)
-    src = Path(a.compare_dir) / "results.json"
-    if not src.is_file():
-        p.error(f"no results.json in {a.compare_dir!r}")
-    results = json.loads(src.read_text(encoding="utf-8"))
+    src, out = Path(a.compare_dir), Path(a.out)
+    for name in ("results.json", "results.md"):
+        if not (src / name).is_file():
+            p.error(f"no {name} in {a.compare_dir!r}")
+    if out.resolve() == src.resolve():
+        p.error(f"--out {a.out!r} is the compare directory itself; give another")
+    results = json.loads((src / "results.json").read_text(encoding="utf-8"))
+    if not {"prompts_per_step", "group_size"} <= set(results.get("config") or {}):
+        p.error(f"{str(src / 'results.json')!r} has no config with prompts_per_step and group_size")
     if not any(is_oracle(c) for c in results["credits"]):
-        p.error(f"{str(src)!r} has no oracle column: credit efficiency needs one")
-    out = Path(a.out)
+        p.error(f"{str(src / 'results.json')!r} has no oracle column: credit efficiency needs one")
     out.mkdir(parents=True, exist_ok=True)
     for name in ("results.json", "results.md"):
-        shutil.copyfile(Path(a.compare_dir) / name, out / name)
+        shutil.copyfile(src / name, out / name)
     rows = efficiency_rows(results)
-    atomic_write(out / "efficiency.json", json.dumps({"source": str(src), "rows": rows}, indent=1))
+    atomic_write(out / "efficiency.json", json.dumps({"source": str(src / "results.json"), "rows": rows}, indent=1))
     atomic_write(out / "efficiency.md", markdown(results, rows))
     plot(rows, out / "efficiency.png")
     sys.stdout.write((out / "efficiency.md").read_text(encoding="utf-8"))

@@ -16,11 +16,14 @@ import json
 import sys
 from pathlib import Path
 
+from oar.lab.regimes import REGIMES
+
+LONG_B16 = REGIMES["long-b16"]  # the confirmed cell is a regime preset now: one home for its settings
 # the grid, declared in docs/lab.md before any run: regime, RunConfig overrides
 BUDGET_S = 100.0
 EVAL = {"eval_problems": 256, "eval_k": 2}
 CELLS: dict[str, tuple[str, dict]] = {
-    "long-b16": ("long", {"prompts_per_step": 4, "group_size": 4, "lr": 1e-4, "eval_every": 25}),
+    "long-b16": ("long", {**LONG_B16.recipe, "eval_every": LONG_B16.protocol["eval_every"]}),  # the regime preset
     "long-b16-lr2": ("long", {"prompts_per_step": 4, "group_size": 4, "lr": 2e-4, "eval_every": 25}),
     "long-b128-lr2": ("long", {"lr": 2e-4, "eval_every": 5}),
     "chain10-b16": ("chain10", {"prompts_per_step": 4, "group_size": 4, "lr": 1e-4, "eval_every": 25}),

@@ -247,7 +247,7 @@ def test_headroom_metrics_and_credit_efficiency(tmp_path):
     assert "Best oracle: oracle-blame" in table and "| 0.25 [0.00, 0.50] @30 | 0.22 [" in table
 
 
-def test_efficiency_table_applies_the_declared_claim_rule(tmp_path):
+def test_efficiency_table_applies_the_declared_claim_rule(tmp_path, capsys):
     """benchmarks/efficiency_table.py: a credit captures headroom only with its Welch CI and its efficiency
     interval both above 0; "below GRPO" when the Welch CI lies under 0; the table, JSON and plot are written."""
     import importlib.util
@@ -261,6 +261,7 @@ def test_efficiency_table_applies_the_declared_claim_rule(tmp_path):
     assert eff.verdict(up, {"mean": 0.5, "lo": -0.1, "hi": 0.9}) == "not distinguishable"
     assert eff.verdict(flat, {"mean": 0.5, "lo": 0.1, "hi": 0.9}) == "not distinguishable"
     assert eff.verdict(down, None) == "below GRPO" and eff.verdict(None, None) == "not distinguishable"
+    assert eff.verdict(up, {"mean": 0.5, "lo": 0.1, "hi": 0.9}, "pays at equal compute") == "pays at equal compute"
 
     runs = {"grpo": [[0.2, 0.3, 0.4, 0.4], [0.2, 0.3, 0.4, 0.5], [0.2, 0.3, 0.3, 0.4]],
             "oracle-process": [[0.2, 0.5, 0.7, 0.7], [0.2, 0.5, 0.7, 0.8], [0.2, 0.6, 0.7, 0.7]],
@@ -275,9 +276,15 @@ def test_efficiency_table_applies_the_declared_claim_rule(tmp_path):
     rows = {r["credit"]: r for r in json.loads((tmp_path / "eff" / "efficiency.json").read_text())["rows"]}
     assert rows["oracle-process"]["verdict_updates"] == "captures headroom"
     assert rows["oar-g"]["verdict_updates"] == "below GRPO" and rows["oar-g"]["efficiency_updates"]["mean"] < 0
-    assert rows["grpo"]["cost_vs_ref"] == pytest.approx(1.0)
+    assert rows["grpo"]["cost_vs_ref"] == pytest.approx(1.0) and rows["grpo"]["verdict_updates"] is None
+    assert rows["oar-g"]["importance_share"] is None and rows["oar-g"]["completion_tokens"] is None  # not logged
+    assert "| grpo | 3 |" in (tmp_path / "eff" / "efficiency.md").read_text()
+    assert "| reference |" in (tmp_path / "eff" / "efficiency.md").read_text()
     assert "Best oracle: `oracle-process`" in (tmp_path / "eff" / "efficiency.md").read_text()
     assert (tmp_path / "eff" / "efficiency.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit):  # refused before anything is written
+        eff.main([str(out), "--out", str(out)])
+    assert "is the compare directory itself" in capsys.readouterr().err
 
 
 def test_no_oracle_means_no_efficiency(tmp_path):

@@ -150,7 +150,10 @@ def base_config(preset: str = "default", budget_s: float | None = None, verbosit
                 regime: str | None = None) -> RunConfig:
     """The :class:`RunConfig` every run of a comparison starts from (credit and seed still to set): the preset's
     budget and evaluation, then the regime's task and recipe (and its protocol unless the preset is a smoke one),
-    ``verbosity``, ``run_overrides`` and ``budget_s``, in that order of precedence."""
+    ``verbosity``, ``run_overrides`` and ``budget_s``, in that order of precedence. ValueError naming a bad preset,
+    regime or field value."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
     warm = warm or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
     fields = {"budget_s": p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,
@@ -165,7 +168,7 @@ def base_config(preset: str = "default", budget_s: float | None = None, verbosit
     if verbosity is not None:
         warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
     fields.update(run_overrides or {})
-    if budget_s:
+    if budget_s is not None:
         fields["budget_s"] = budget_s
     return RunConfig(warm=warm, **fields)
 
@@ -202,7 +205,8 @@ def compare(
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    base = base_config(preset, budget_s, verbosity, warm, run_overrides, regime)
+    base = base_config(preset, budget_s=budget_s, verbosity=verbosity, warm=warm, run_overrides=run_overrides,
+                       regime=regime)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from rich.live import Live
