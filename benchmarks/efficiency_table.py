@@ -4,7 +4,8 @@ share of the best oracle's headroom over GRPO, both views, with the declared cla
     python benchmarks/efficiency_table.py runs/efficiency --out docs/results/efficiency_long_b16
 
 Reads an ``oar compare`` directory's ``results.json`` (with oracle columns); writes ``OUT/results.json`` and
-``OUT/results.md`` (copies), ``OUT/efficiency.json``, ``OUT/efficiency.md`` and ``OUT/efficiency.png``.
+``OUT/results.md`` (copies), ``OUT/efficiency.json``, ``OUT/efficiency.md``, ``OUT/efficiency.png`` and
+``OUT/curves.png`` (accuracy against updates, a panel per credit, GRPO and the best oracle in each).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from oar.files import atomic_write
 from oar.lab.summary import format_diff, is_oracle
-from oar.viz.plots import save_png
+from oar.viz.plots import band, save_png
 
 
 def _above_zero(d: dict | None) -> bool:
@@ -136,6 +137,45 @@ def plot(rows: list[dict], path: Path) -> None:
     save_png(fig, path, dpi=120)
 
 
+def plot_curves(results: dict, path: Path) -> None:
+    """Held-out accuracy against updates, one panel per credit: its mean and min-max band over seeds, with the
+    reference's and the best oracle's means in every panel (one PNG)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ref = results["reference"]
+    best = results["credits"][ref].get("best_oracle")
+    curves: dict[str, list] = {}
+    for run in results["runs"]:
+        steps, _, accs = zip(*run["curve"], strict=True)
+        curves.setdefault(run["credit"], []).append((np.array(steps, float), 100 * np.array(accs, float)))
+    panels = [c for c in curves if c not in (ref, best)]
+    cols, rows = 4, math.ceil(len(panels) / 4)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.3 * rows), sharex=True, sharey=True, squeeze=False)
+    lines = {c: band(curves[c])[:2] for c in (ref, best) if c in curves}
+    for ax, c in zip(axes.flat, panels, strict=False):
+        x, mean, lo, hi = band(curves[c])
+        ax.fill_between(x, lo, hi, color="C0", alpha=0.2, lw=0)
+        ax.plot(x, mean, color="C0", lw=1.6, label=c)
+        for other, style in ((ref, {"color": "k", "lw": 1.0}), (best, {"color": "C3", "lw": 1.0, "ls": "--"})):
+            if other in lines:
+                ax.plot(*lines[other], **style, label=other)
+        ax.set_title(c, fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes[0, 0].legend(fontsize=6, loc="upper left")
+    fig.supxlabel("updates", fontsize=8)
+    fig.supylabel("held-out accuracy (points)", fontsize=8)
+    fig.tight_layout()
+    save_png(fig, path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("compare_dir", help="an oar compare directory with results.json (oracle columns included)")
@@ -159,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write(out / "efficiency.json", json.dumps({"source": str(src / "results.json"), "rows": rows}, indent=1))
     atomic_write(out / "efficiency.md", markdown(results, rows))
     plot(rows, out / "efficiency.png")
+    plot_curves(results, out / "curves.png")
     sys.stdout.write((out / "efficiency.md").read_text(encoding="utf-8"))
     return 0
 

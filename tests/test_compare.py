@@ -159,6 +159,10 @@ def test_credit_columns_carry_their_options_and_name_bad_ones():
         credit_column("ppo@beta=2")
     with pytest.raises(ValueError, match="must not contain"):
         credit_column("oar-p@mode=../x")
+    from oar.credit.spec import column_name
+
+    for column in ("oar-g", "oar-g@beta=2&tau=0.5", "oar-p@mode=last", "oar-p@horizon=2"):
+        assert column_name(*credit_column(column)) == column  # the inverse of the grammar
 
 
 @pytest.mark.parametrize("clock, stops", [("cpu", False), ("wall", True)])
@@ -282,6 +286,7 @@ def test_efficiency_table_applies_the_declared_claim_rule(tmp_path, capsys):
     assert "| reference |" in (tmp_path / "eff" / "efficiency.md").read_text()
     assert "Best oracle: `oracle-process`" in (tmp_path / "eff" / "efficiency.md").read_text()
     assert (tmp_path / "eff" / "efficiency.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "eff" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit):  # refused before anything is written
         eff.main([str(out), "--out", str(out)])
     assert "is the compare directory itself" in capsys.readouterr().err

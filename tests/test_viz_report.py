@@ -50,6 +50,18 @@ def test_load_and_series(runs_root):
     assert keys[:4] == ["eval/accuracy", "reward", "entropy", "step_time"] and "train_runtime" not in keys
 
 
+def test_runs_of_one_method_under_other_options_form_their_own_group(runs_root):
+    """A compare column with options (``oar-p@horizon=2``) is not pooled with the plain method in the figures."""
+    from oar.viz.plots import group_runs
+
+    d = make_run(runs_root, "oar-g@beta=2-0", "oar-g", 0, 0.9)
+    meta = json.loads((d / "run.json").read_text())
+    (d / "run.json").write_text(json.dumps({**meta, "config": {"credit_options": {"beta": 2}}}))
+    runs = [load_run(runs_root / n) for n in ("oar-g-0", "oar-g-1", "oar-g@beta=2-0")]
+    assert runs[2].credit == "oar-g@beta=2" and runs[0].credit == "oar-g"
+    assert {k: len(v) for k, v in group_runs(runs).items()} == {"oar-g": 2, "oar-g@beta=2": 1}
+
+
 def test_band_interpolates_onto_the_shared_range():
     a = (np.array([0.0, 10.0, 20.0]), np.array([0.0, 1.0, 2.0]))
     b = (np.array([0.0, 5.0, 15.0]), np.array([1.0, 1.0, 1.0]))

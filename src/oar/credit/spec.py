@@ -25,3 +25,12 @@ def credit_column(spec: str) -> tuple[str, dict]:
             options[key.strip()] = value.strip()
     get_credit(name).check_options(options)  # ValueError naming an unknown credit or option
     return name.strip().lower(), options
+
+
+def column_name(name: str, options: dict | None = None) -> str:
+    """The column string of a credit and its options, the inverse of :func:`credit_column`:
+    ``column_name("oar-p", {"horizon": 2}) == "oar-p@horizon=2"`` (options in key order; values as JSON, text bare)."""
+    if not options:
+        return name
+    pairs = (f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sorted(options.items()))
+    return name + "@" + "&".join(pairs)

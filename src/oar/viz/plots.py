@@ -46,7 +46,15 @@ class Run:
 
     @property
     def credit(self) -> str:
-        return str(self.meta.get("credit", self.path.name))
+        """The run's credit column: its method and, when ``run.json``'s config sets ``credit_options``, those
+        options (``oar-p@horizon=2``), so runs of one method under other options form their own group."""
+        name = str(self.meta.get("credit", self.path.name))
+        options = (self.meta.get("config") or {}).get("credit_options")
+        if not options:
+            return name
+        from oar.credit.spec import column_name  # only for runs with options: a report of plain runs needs no torch
+
+        return column_name(name, options)
 
     @property
     def seed(self) -> int | None:
@@ -170,26 +178,27 @@ def plot_metric(runs: Sequence[Run], key: str, path: str | os.PathLike, x: str =
     if x not in ("step", "wall_time"):
         raise ValueError(f"x must be 'step' or 'wall_time', got {x!r}")
     groups = group_runs(runs, group_by)
-    colours = plt.get_cmap("tab10")
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    many = len(groups) > 10  # tab20 and the legend beside the axes, so every group keeps its own colour
+    colours = plt.get_cmap("tab20" if many else "tab10")
+    fig, ax = plt.subplots(figsize=(9.6 if many else 6.4, 4.0), dpi=110)
     try:
         for i, (label, members) in enumerate(groups.items()):
             gx, mean, lo, hi = band([r.series(key, x) for r in members])
             if not gx.size:
                 continue
-            colour = colours(i % 10)
+            colour = colours(i % colours.N)
             n = len(members)
             ax.plot(gx, mean, color=colour, lw=1.6, marker="o" if gx.size < 3 else None,
-                    label=f"{label} (mean of {n})" if n > 1 else label)
+                    ls="--" if many and i % 2 else "-", label=f"{label} (mean of {n})" if n > 1 else label)
             if n > 1:
-                ax.fill_between(gx, lo, hi, color=colour, alpha=0.2, lw=0)
+                ax.fill_between(gx, lo, hi, color=colour, alpha=0.2 if len(groups) <= 4 else 0.06, lw=0)
         ax.set_xlabel("training step" if x == "step" else "wall_time: seconds since the first logged row")
         ax.set_ylabel(key)
         derived = key == "step_time" and not any(_is_number(r.get(key)) for run in runs for r in run.rows)
         ax.set_title((title or key) + (" (Δ wall_time / Δ step)" if derived else ""))
         ax.grid(alpha=0.3)
         if ax.lines:
-            ax.legend(fontsize="small")
+            ax.legend(fontsize="small", **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if many else {}))
     except BaseException:
         plt.close(fig)
         raise
