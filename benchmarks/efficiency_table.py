@@ -44,6 +44,14 @@ def verdict(diff: dict | None, eff: dict | None, positive: str = "captures headr
     return "below GRPO" if _below_zero(diff) else "not distinguishable"
 
 
+def budget_binds(results: dict) -> bool:
+    """Whether the same-budget view compares equal compute: False when a ``max_steps`` cap stopped every run before
+    its budget (then "the same budget" is the same number of updates, and cost per update goes unseen)."""
+    cap = (results.get("config") or {}).get("max_steps")
+    runs = results.get("runs") or []
+    return not (cap is not None and runs and all(r["steps"] >= cap for r in runs))
+
+
 def _mean(stat: dict | None) -> float | None:
     """A statistic's mean; None when missing or NaN (results.json holds null, a summary in memory NaN)."""
     m = (stat or {}).get("mean")
@@ -57,6 +65,8 @@ def efficiency_rows(results: dict) -> list[dict]:
     creds = results["credits"]
     ref_cost = creds[ref]["train_seconds"]["mean"] / creds[ref]["steps"]["mean"]
     batch = results["config"]["prompts_per_step"] * results["config"]["group_size"]
+    binds = budget_binds(results)
+    no_budget_view = f"no budget view (every run stopped at {results['config'].get('max_steps')} updates)"
     rows = []
     for c, a in creds.items():
         per_update = a["train_seconds"]["mean"] / a["steps"]["mean"]
@@ -69,8 +79,9 @@ def efficiency_rows(results: dict) -> list[dict]:
             "efficiency_step": a.get("efficiency_step"), "efficiency_updates": a.get("efficiency_updates"),
             "efficiency_budget": a.get("efficiency_budget"),
             "verdict_updates": None if c == ref else verdict(a.get("matched_diff"), a.get("efficiency_updates")),
-            "verdict_budget": None if c == ref else verdict(a.get("final_diff"), a.get("efficiency_budget"),
-                                                            "pays at equal compute"),
+            "verdict_budget": None if c == ref else (
+                verdict(a.get("final_diff"), a.get("efficiency_budget"), "pays at equal compute") if binds
+                else no_budget_view),
             "cpu_s_per_update": per_update, "cost_vs_ref": per_update / ref_cost,
             "importance_share": _mean(a.get("importance_share")), "rollout_tokens": _mean(a.get("rollout_tokens")),
             "completion_tokens": None if length is None else length * batch,
@@ -96,7 +107,10 @@ def markdown(results: dict, rows: list[dict]) -> str:
             "| efficiency, same budget | Δ mean acc over updates | updates | CPU s / update (× GRPO) | scoring share "
             "| generated tokens / update (extra) | verdict: same updates / same budget |")
     lines = [f"Best oracle: `{best}`. Efficiency = (credit − GRPO) / (best oracle − GRPO), paired bootstrap 95 % "
-             "interval over seeds; Δ in points [Welch 95 % CI]. Verdict by the declared rule (docs/lab.md).", "",
+             "interval over seeds; Δ in points [Welch 95 % CI]. Verdict by the declared rule (docs/lab.md)."
+             + ("" if budget_binds(results) else
+                f" Every run stopped at max_steps = {results['config']['max_steps']} before its budget: the "
+                "same-budget columns repeat the same-updates view, not equal compute."), "",
              head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         extra = f" (+{r['rollout_tokens']:.0f})" if r["rollout_tokens"] else ""
@@ -155,7 +169,8 @@ def plot_curves(results: dict, path: Path) -> None:
         steps, _, accs = zip(*run["curve"], strict=True)
         curves.setdefault(run["credit"], []).append((np.array(steps, float), 100 * np.array(accs, float)))
     panels = [c for c in curves if c not in (ref, best)]
-    cols, rows = 4, math.ceil(len(panels) / 4)
+    cols = max(1, min(4, len(panels)))
+    rows = max(1, math.ceil(len(panels) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.3 * rows), sharex=True, sharey=True, squeeze=False)
     lines = {c: band(curves[c])[:2] for c in (ref, best) if c in curves}
     for ax, c in zip(axes.flat, panels, strict=False):

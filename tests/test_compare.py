@@ -287,6 +287,16 @@ def test_efficiency_table_applies_the_declared_claim_rule(tmp_path, capsys):
     assert "Best oracle: `oracle-process`" in (tmp_path / "eff" / "efficiency.md").read_text()
     assert (tmp_path / "eff" / "efficiency.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "eff" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # a max_steps cap that stopped every run: the budget view is not equal compute, and says so
+    steps = {r["steps"] for r in results["runs"]}
+    assert eff.budget_binds(results) and eff.budget_binds({**results, "config": {"max_steps": max(steps) + 1}})
+    capped = {**results, "config": {**results["config"], "max_steps": min(steps)}}
+    assert not eff.budget_binds(capped)
+    rows = {r["credit"]: r for r in eff.efficiency_rows(capped)}
+    assert rows["oracle-process"]["verdict_updates"] == "captures headroom"
+    assert rows["oracle-process"]["verdict_budget"] == f"no budget view (every run stopped at {min(steps)} updates)"
+    assert "not equal compute" in eff.markdown(capped, list(rows.values()))
+    assert "not equal compute" not in (tmp_path / "eff" / "efficiency.md").read_text()
     with pytest.raises(SystemExit):  # refused before anything is written
         eff.main([str(out), "--out", str(out)])
     assert "is the compare directory itself" in capsys.readouterr().err
