@@ -146,6 +146,13 @@ def test_tiny_end_to_end_compare(tmp_path):
     meta = json.loads((tmp_path / "out" / "oar-g@beta=2-s0" / "run.json").read_text())
     assert meta["credit"] == "oar-g" and meta["lab"]["oar"] == {"credit_options": {"beta": 2}}
 
+    # an oracle column trains through the lab trainer like any credit and brings credit efficiency into the results
+    res = compare(tmp_path / "out", preset="quick", credits=("grpo", "oracle-process"), seeds=1, budget_s=2, workers=1,
+                  warm=warm, cache_dir=tmp_path / "cache", report=False, run_overrides=overrides, resume=True)
+    oracle = res["credits"]["oracle-process"]
+    assert oracle["steps"]["mean"] >= 1 and oracle["best_oracle"] == "oracle-process"
+    assert res["credits"]["grpo"]["efficiency_step"] >= 1 and "efficiency_updates" in res["credits"]["grpo"]
+
 
 def test_credit_columns_carry_their_options_and_name_bad_ones():
     assert credit_column("oar-g") == ("oar-g", {})

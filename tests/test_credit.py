@@ -269,6 +269,24 @@ def test_docs_method_table_is_the_registry():
     assert credit_table() in page, "docs/credits.md: paste the output of `oar credits` into the method table"
 
 
+def test_oar_credits_command_lists_every_method_with_its_cost():
+    """The command itself, in a fresh interpreter (nothing imported beforehand): the lab's oracles are listed (the
+    command imports the lab), and vine's and oar-prefix's rows carry their extra passes."""
+    import re
+    import subprocess
+    import sys
+
+    command = "import sys; from oar.cli import main; sys.exit(main(['credits']))"
+    out = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    cells = [re.split(r"(?<!\\)\|", line) for line in out.splitlines() if line.startswith("| `")]  # \| is text
+    rows = {c[1].strip().strip("`"): c for c in cells}
+    assert {"grpo", "oar-g", "oar-p", "oar-prefix", "vine", "vine-w", "oracle-blame", "oracle-process",
+            "oracle-oar"} <= set(rows)
+    assert "K continuations (generation)" in rows["vine"][5] and "K continuations" in rows["vine-w"][5]
+    assert "per step boundary" in rows["oar-prefix"][5] and rows["oracle-process"][5].strip() == "0 (lab ground truth)"
+
+
 # --- typed options ------------------------------------------------------------------------------------------
 
 

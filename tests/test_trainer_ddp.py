@@ -35,5 +35,6 @@ def test_two_process_ddp_keeps_parameters_identical(tmp_path, credit):
     assert any(f > 0 for f in result["frac_scored"])
     if credit == "vine":  # replace: the token advantages are the offsets; every rank generated and graded
         assert any(o > 0 for o in result["offset_abs"]) and any(g > 0 for g in result["rollout_graded"])
+        assert len(result["graded_per_rank"]) == 2 and all(g > 0 for g in result["graded_per_rank"])
     else:
         assert any(s > 0 for s in result["weight_std"])

@@ -4,8 +4,9 @@ A regime is a set of :class:`oar.lab.task.TaskConfig` overrides applied to the w
 problems use the same task without slips), and optionally the run settings of the study that defined it.
 ``default`` and ``terse`` are the control regimes of the first study; ``long``, ``distract`` and ``verbose`` are
 the regime study's; ``chain10`` is the headroom scan's; ``long-b16`` is the scan's confirmed cell, the one regime
-where perfect credit pays (docs/lab.md, "Credit headroom"): ``long``'s task with its batch shape, learning rate,
-budget and evaluation, so ``oar compare --regime long-b16`` reproduces the cell's runs.
+where perfect credit pays per update (docs/lab.md, "Credit headroom"; the gap closes late in a longer run):
+``long``'s task with its batch shape, learning rate, budget and evaluation, so ``oar compare --regime long-b16``
+reproduces the cell's runs.
 """
 
 from __future__ import annotations
