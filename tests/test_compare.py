@@ -248,6 +248,9 @@ def test_headroom_metrics_and_credit_efficiency(tmp_path):
     # 90% of grpo's gain (0.2 -> 0.45 final): 0.425; grpo reaches it between steps 20 and 30 (0.4 -> 0.5)
     assert a["grpo"]["steps_to_gain"]["mean"] == pytest.approx(22.5) and a["grpo"]["reached_gain"] == "2/2"
     assert a["oracle-blame"]["steps_to_gain"]["mean"] == pytest.approx((0.225 / 0.3 * 10 + 10 + 0.025 / 0.2 * 10) / 2)
+    # every run of both reached it: the Welch difference of the times (7.5, 11.25 against 22.5, 22.5; 0.5 s an update)
+    assert a["oracle-blame"]["steps_to_gain_diff"]["mean"] == pytest.approx((7.5 + 11.25) / 2 - 22.5)
+    assert a["oracle-blame"]["seconds_to_gain_diff"]["mean"] == pytest.approx(((7.5 + 11.25) / 2 - 22.5) / 2)
     # best oracle = oracle-blame; finals (last two evals): blame 0.7 / 0.65, grpo 0.45 / 0.45, oar-g 0.55 / 0.45
     assert a["oar-g"]["best_oracle"] == "oracle-blame" and a["oar-g"]["efficiency_step"] == 30
     assert a["oar-g"]["efficiency_updates"]["mean"] == pytest.approx((0.1 + 0.0) / (0.2 + 0.2))
@@ -287,6 +290,10 @@ def test_efficiency_table_applies_the_declared_claim_rule(tmp_path, capsys):
     rows = {r["credit"]: r for r in json.loads((tmp_path / "eff" / "efficiency.json").read_text())["rows"]}
     assert rows["oracle-process"]["verdict_updates"] == "captures headroom"
     assert rows["oar-g"]["verdict_updates"] == "below GRPO" and rows["oar-g"]["efficiency_updates"]["mean"] < 0
+    # oar-g never reaches 90 % of GRPO's gain: no time to compare, so no difference (censored, not dropped)
+    cr = results["credits"]
+    assert cr["oar-g"]["reached_gain"] == "0/3" and cr["oar-g"]["steps_to_gain_diff"] is None
+    assert cr["oracle-process"]["steps_to_gain_diff"]["mean"] < 0
     assert rows["grpo"]["cost_vs_ref"] == pytest.approx(1.0) and rows["grpo"]["verdict_updates"] is None
     assert rows["oar-g"]["importance_share"] is None and rows["oar-g"]["completion_tokens"] is None  # not logged
     assert "| grpo | 3 |" in (tmp_path / "eff" / "efficiency.md").read_text()

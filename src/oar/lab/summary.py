@@ -96,7 +96,8 @@ def _add_headroom(per_run: dict, by_credit: dict, reference: str) -> None:
     ``auc_updates`` / ``auc_seconds``: mean held-out accuracy over the first ``matched_step`` updates / over the
     training seconds both credits ran (the normalised area under the curve), per credit and its Welch difference
     to the reference (``*_diff``); ``steps_to_gain`` / ``seconds_to_gain``: updates and seconds to reach
-    ``GAIN_SHARE`` of the reference's mean final gain (runs that never do are counted in ``reached_gain``);
+    ``GAIN_SHARE`` of the reference's mean final gain (runs that never do are counted in ``reached_gain``), and
+    their Welch difference to the reference (``*_diff``) only where every run of both reached it (else None);
     with oracle columns, ``efficiency_updates`` / ``efficiency_budget``: (credit − reference) / (best oracle −
     reference) at a step every run of the three made / at the end of the budget, with a paired bootstrap CI over
     seeds (:func:`oar.lab.stats.ratio_ci`). The best oracle is the one with the largest ``matched_diff``.
@@ -120,7 +121,10 @@ def _add_headroom(per_run: dict, by_credit: dict, reference: str) -> None:
             agg[key], agg[f"{key}_diff"] = mean_ci(a), diff_ci(a, b)
         for key, axis in (("steps_to_gain", 0), ("seconds_to_gain", 1)):
             hits = [h for r in mine.values() if (h := first_reach(r["curve"], target, axis)) is not None]
+            ref_hits = [h for r in ref.values() if (h := first_reach(r["curve"], target, axis)) is not None]
             agg[key] = mean_ci(hits) if hits else None
+            uncensored = len(hits) == len(mine) and len(ref_hits) == len(ref)  # a run that never reached it
+            agg[f"{key}_diff"] = diff_ci(hits, ref_hits) if uncensored else None  # has no time to compare
         agg["reached_gain"] = f"{len(hits)}/{len(mine)}"
     oracles = [c for c in by_credit if is_oracle(c)]
     if not oracles:
@@ -194,6 +198,12 @@ def _fmt_ratio(e: dict | None) -> str:
     return f"{e['mean']:.2f}{ci}"
 
 
+def _gain_diff(agg: dict, key: str) -> str:
+    """`` Δ +x [±y]`` for a time to the gain whose difference to the reference exists (every run reached it)."""
+    d = agg.get(f"{key}_diff")
+    return "" if not d or d.get("mean") is None else f" Δ {format_diff(d, scale=1.0)}"
+
+
 def format_headroom_table(results: dict) -> str:
     """The headroom metrics (``_add_headroom``) as a Markdown table; empty without a reference."""
     rows = [(c, a) for c, a in results["credits"].items() if "auc_updates" in a]
@@ -210,7 +220,10 @@ def format_headroom_table(results: dict) -> str:
         cells = [c]
         for key in ("auc_updates", "auc_seconds"):
             cells.append(f"{_fmt(a[key], 100)} ({format_diff(a[f'{key}_diff'])})" if a[key] else "–")
-        cells += [f"{_fmt(a['steps_to_gain'], 1, 0)} ({a['reached_gain']})", _fmt(a["seconds_to_gain"], 1, 0)]
+        steps_d, seconds_d = (("", "") if c == ref else
+                              (_gain_diff(a, "steps_to_gain"), _gain_diff(a, "seconds_to_gain")))
+        cells += [f"{_fmt(a['steps_to_gain'], 1, 0)} ({a['reached_gain']}){steps_d}",
+                  f"{_fmt(a['seconds_to_gain'], 1, 0)}{seconds_d}"]
         if oracle:
             cells += [f"{_fmt_ratio(a['efficiency_updates'])} @{a['efficiency_step']}",
                       _fmt_ratio(a["efficiency_budget"])]
@@ -218,7 +231,8 @@ def format_headroom_table(results: dict) -> str:
     best = next((a["best_oracle"] for _, a in rows if "best_oracle" in a), None)
     notes = [f"Mean accuracy over updates: the normalised area under held-out accuracy over the first `matched "
              f"step` updates; over seconds: over the training seconds both runs had; Δ: Welch 95% CI; updates and "
-             f"seconds to reach {GAIN_SHARE:.0%} of {ref}'s mean final gain (interpolated; runs that reached it)."]
+             f"seconds to reach {GAIN_SHARE:.0%} of {ref}'s mean final gain (interpolated; runs that reached it; "
+             f"Δ [Welch 95% CI] only where every run of both reached it)."]
     if best:
         notes.append(f"Best oracle: {best}. Efficiency [95% paired bootstrap over seeds]: at the fewest updates any "
                      f"run of the credit, {ref} or {best} made (@step), and at the end of the budget; – where the "
