@@ -109,6 +109,11 @@ def _add_headroom(per_run: dict, by_credit: dict, reference: str) -> None:
     start = sum(r["start_accuracy"] for r in ref.values()) / len(ref)
     final = sum(r["final_accuracy"] for r in ref.values()) / len(ref)
     target = start + GAIN_SHARE * (final - start)
+
+    def times_to_gain(rs: dict[int, dict], axis: int) -> list[float]:  # of the runs that reached the target
+        return [h for r in rs.values() if (h := first_reach(r["curve"], target, axis)) is not None]
+
+    ref_times = {axis: times_to_gain(ref, axis) for axis in (0, 1)}
     for c, agg in by_credit.items():
         mine = runs(c)
         budget = min(r["curve"][-1][1] for r in [*mine.values(), *ref.values()])
@@ -120,8 +125,7 @@ def _add_headroom(per_run: dict, by_credit: dict, reference: str) -> None:
             b = [mean_accuracy_until(r["curve"], until, axis) for r in ref.values()]
             agg[key], agg[f"{key}_diff"] = mean_ci(a), diff_ci(a, b)
         for key, axis in (("steps_to_gain", 0), ("seconds_to_gain", 1)):
-            hits = [h for r in mine.values() if (h := first_reach(r["curve"], target, axis)) is not None]
-            ref_hits = [h for r in ref.values() if (h := first_reach(r["curve"], target, axis)) is not None]
+            hits, ref_hits = times_to_gain(mine, axis), ref_times[axis]
             agg[key] = mean_ci(hits) if hits else None
             uncensored = len(hits) == len(mine) and len(ref_hits) == len(ref)  # a run that never reached it
             agg[f"{key}_diff"] = diff_ci(hits, ref_hits) if uncensored else None  # has no time to compare
