@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_lm
+from helpers import make_tiny_lm
 from oar import OutcomeProbe, perturbation_scores, rollout_tensors
 from oar.importance import perturbation_scores_naive
 
