@@ -1,7 +1,7 @@
 """Fault injection, fast cases: stale files, killed parents, non-finite rewards, resume exactness, bad input.
 
 The kill-and-resume trials of ``oar train`` (SIGKILL during steps and saves, for every credit) are in
-``benchmarks/faults.py``; their figures are in docs/robustness.md.
+``checks/faults.py``; their figures are in docs/robustness.md.
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@
 #      --system-site-packages plus a .pth line for that interpreter's own site-packages (it is itself a venv on
 #      the device: /opt/torch/.venv), then the bundle into it with --no-index --no-deps, and oar from src/;
 #   2. the stack (versions, unmet requirements of the bundle, the GPU: gpu_stack.py) into $OUT/stack.txt;
-#   3. benchmarks/gpu_check.py under `timeout` (GPU_RUN_TIMEOUT_S, default 480 s; the check's own --deadline-s
+#   3. checks/gpu_check.py under `timeout` (GPU_RUN_TIMEOUT_S, default 480 s; the check's own --deadline-s
 #      420 skips trainer steps that would end later), writing $OUT/gpu_check.json and .md.
 #
-#   bash benchmarks/gpu_run.sh [gpu_check.py arguments]        # on the device: run(..., carry=[".gpu-bundle"])
-#   OUT=runs/x PYTHON=... bash benchmarks/gpu_run.sh --smoke   # the CPU rehearsal (make gpu-rehearsal)
+#   bash checks/gpu_run.sh [gpu_check.py arguments]        # on the device: run(..., carry=[".gpu-bundle"])
+#   OUT=runs/x PYTHON=... bash checks/gpu_run.sh --smoke   # the CPU rehearsal (make gpu-rehearsal)
 #
 # Everything printed also goes to $OUT/gpu_run.log. Exit status: gpu_check.py's (124: the timeout).
 set -euo pipefail
@@ -55,14 +55,14 @@ run() {
     PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
         "${wheels[@]}"
     {
-        "$py" benchmarks/gpu_stack.py "$BUNDLE"
+        "$py" checks/gpu_stack.py "$BUNDLE"
         if command -v nvidia-smi >/dev/null; then
             nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
         fi
     } 2>&1 | tee "$OUT/stack.txt"
     echo "gpu_run: environment ready in $((SECONDS - t0)) s; gpu_check.py with a ${LIMIT} s timeout"
     local rc=0
-    timeout -k 10 "$LIMIT" "$py" benchmarks/gpu_check.py --out "$OUT/gpu_check" --deadline-s 420 "$@" || rc=$?
+    timeout -k 10 "$LIMIT" "$py" checks/gpu_check.py --out "$OUT/gpu_check" --deadline-s 420 "$@" || rc=$?
     echo "gpu_run: gpu_check.py exited $rc after $((SECONDS - t0)) s"
     return $rc
 }

@@ -25,8 +25,8 @@ id decodes); every generated completion keeps its length and ends in ``\\boxed{N
 completion of the group 1 (every advantage is non-zero, so every completion is scored, the worst case).
 Results go to ``OUT.json`` and ``OUT.md`` after every section (atomic writes).
 
-    python benchmarks/gpu_check.py [--out runs/gpu_check] [--deadline-s 450]
-    python benchmarks/gpu_check.py --smoke   # same code, tiny shape, CPU, seconds
+    python checks/gpu_check.py [--out runs/gpu_check] [--deadline-s 450]
+    python checks/gpu_check.py --smoke   # same code, tiny shape, CPU, seconds
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class Measure:
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
         else:
-            from _probes import PeakMemory
+            from oar.peak_memory import PeakMemory
 
             self.host = PeakMemory()
             self.host.start()
@@ -156,11 +156,11 @@ def probes(tok, prompts, completions, device: str):
 
 
 def error_to(ref: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    from span_correlation import spearman
+    from oar.attribution import rank_correlation
 
     r, v = ref[mask].double(), x[mask].double()
     return {"max_abs": (r - v).abs().max().item(), "scale": r.abs().max().item(),
-            "spearman": round(spearman(r.float().cpu(), v.float().cpu()), 4)}
+            "spearman": round(rank_correlation(r.cpu(), v.cpu()), 4)}
 
 
 def exactness(model, fp32, pb, shape: Shape) -> dict:

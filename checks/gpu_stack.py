@@ -1,9 +1,9 @@
-"""The stack benchmarks/gpu_run.sh runs the GPU check on: versions, the GPU, and every requirement of a bundled
+"""The stack checks/gpu_run.sh runs the GPU check on: versions, the GPU, and every requirement of a bundled
 package that the installed versions do not meet (the bundle is installed with ``--no-deps``, so nothing else
 checks them; a mismatch is reported, not fatal: the image's versions are what the device has).
 
-    python benchmarks/gpu_stack.py BUNDLE_DIR
-    python benchmarks/gpu_stack.py --absent BUNDLE_DIR   # fails if a bundled package is installed already
+    python checks/gpu_stack.py BUNDLE_DIR
+    python checks/gpu_stack.py --absent BUNDLE_DIR   # fails if a bundled package is installed already
                                                          # (make gpu-rehearsal: the image stand-in lacks them all)
 """
 

@@ -6,7 +6,7 @@ from), is every ``checkpoint-N`` complete, is ``metrics.jsonl`` exactly steps 1.
 and are the final weights bit-identical to the uninterrupted run's. Tiny warm-started model from the test
 suite (tests/trainer_setup.py), CPU, one thread per run.
 
-    python benchmarks/faults.py [--credits grpo,oar-g,oar-p,entropy,random] [--out DIR] [--json FILE]
+    python checks/faults.py [--credits grpo,oar-g,oar-p,entropy,random] [--out DIR] [--json FILE]
 """
 
 from __future__ import annotations
