@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks checks
+	$(VENV)/bin/ruff check src tests benchmarks checks docs/studies
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_reshape.py

@@ -1,7 +1,7 @@
 """Extension check: how well does span-level OAR-P (k-token windows, or whole lines) rank tokens like
 token-level OAR-P? Spearman rank correlation per completion on a real model, plus the time saved.
 
-    python benchmarks/span_correlation.py [--n 8] [--spans 2,4,8,line,pg0.25] [--mode last] [--threads 1]
+    python docs/studies/cheap-oar/span_correlation.py [--n 8] [--spans 2,4,8,line,pg0.25] [--mode last] [--threads 1]
 
 A setting ``pgK`` is G-guided OAR-P (``oar-pg``) with ``k = K`` instead of a window, ``hW`` token-level OAR-P with
 ``horizon = W`` (64 copies per forward). Spearman is over all reasoning tokens and over the tokens the setting boosts

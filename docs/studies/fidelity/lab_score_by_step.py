@@ -1,7 +1,7 @@
 """Where in the chain do OAR's weights go? Mean weight of the pivotal tokens of each solution step, by the step's
 distance from the answer (1 = the last step), on the worked solutions of a lab regime's warm start.
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/lab_score_by_step.py --regime long [--problems 64]
+Usage: ``OMP_NUM_THREADS=1 python docs/studies/fidelity/lab_score_by_step.py --regime long [--problems 64]
 [--credits oar-p,oar-g,random] [--out FILE.json]``. A weight above 1 is more than the uniform share.
 """
 
@@ -17,19 +17,9 @@ from oar.credit import CreditBatch, get_credit, token_credit
 from oar.files import atomic_write
 from oar.lab.fidelity import lab_batch
 from oar.lab.regimes import apply_regime
-from oar.lab.task import BOXED, PIVOTAL, STEP_RE, make_split
+from oar.lab.task import BOXED, PIVOTAL, make_split, steps_from_end
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.probe import OutcomeProbe
-
-
-def steps_from_end(completion: str, width: int) -> torch.Tensor:
-    """``[width]`` long: for each character of the completion the distance of its step from the answer (1 = the
-    last step), 0 outside any step."""
-    out = torch.zeros(width, dtype=torch.long)
-    spans = [m.span() for m in STEP_RE.finditer(completion)]
-    for k, (lo, hi) in enumerate(spans):
-        out[lo:hi] = len(spans) - k
-    return out
 
 
 def main() -> None:
@@ -54,7 +44,7 @@ def main() -> None:
         chunk = problems[i : i + 32]
         b = lab_batch(tok, chunk)
         T = b["completion_ids"].shape[1]
-        step = torch.stack([steps_from_end(p.completion, T) for p in chunk])
+        step = torch.tensor([steps_from_end(p.completion, T) for p in chunk])
         pivotal = b["labels"] == PIVOTAL
         batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
                             model=model)

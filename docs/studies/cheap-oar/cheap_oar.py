@@ -12,8 +12,8 @@ over a few steps (first dropped), wall and process CPU seconds of ``training_ste
 forward/backward) and its breakdown (generation, scoring, rest of the rollout, loss forward, backward), next to
 GRPO's, with gradient checkpointing off (the lab preset) and, for GRPO and OAR-G, on (TRL's default).
 
-    OMP_NUM_THREADS=1 python benchmarks/cheap_oar.py --part ranking [--problems 128] [--out FILE]
-    OMP_NUM_THREADS=1 python benchmarks/cheap_oar.py --part steps [--steps 6] [--out FILE]
+    OMP_NUM_THREADS=1 python docs/studies/cheap-oar/cheap_oar.py --part ranking [--problems 128] [--out FILE]
+    OMP_NUM_THREADS=1 python docs/studies/cheap-oar/cheap_oar.py --part steps [--steps 6] [--out FILE]
     ... [--variants "oar-p span=2,oar-p horizon=2"]   (only these, next to the reference)
 """
 
@@ -28,7 +28,6 @@ import time
 from dataclasses import replace
 
 import torch
-
 from span_correlation import spearman
 
 # (label, credit, options): exact OAR-P first (the reference), then the cheap estimators of it, then OAR-G; a copy

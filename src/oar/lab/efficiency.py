@@ -1,19 +1,17 @@
-"""The credit-efficiency table of the headroom regime (docs/lab.md, "The credit-efficiency study"): every credit as a
-share of the best oracle's headroom over GRPO, both views, with the declared claim rule and the cost per update.
+"""The credit-efficiency table of an ``oar compare`` directory with oracle columns: every credit as a share of the best
+oracle's headroom over GRPO in both views (same updates, same budget), the declared claim rule
+(docs/studies/efficiency) and the cost per update.
 
-    python benchmarks/efficiency_table.py runs/efficiency --out docs/results/efficiency_long_b16
-
-Reads an ``oar compare`` directory's ``results.json`` (with oracle columns); writes ``OUT/results.json`` and
-``OUT/results.md`` (copies), ``OUT/efficiency.json``, ``OUT/efficiency.md``, ``OUT/efficiency.png`` and
-``OUT/curves.png`` (accuracy against updates, a panel per credit, GRPO and the best oracle in each).
+``write_efficiency(compare_dir, out)`` writes ``OUT/results.json`` and ``OUT/results.md`` (copies),
+``OUT/efficiency.json``, ``OUT/efficiency.md``, ``OUT/efficiency.png`` and ``OUT/curves.png`` (accuracy against
+updates, a panel per credit, GRPO and the best oracle in each). The study's driver is
+``docs/studies/efficiency/efficiency_table.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from oar.files import atomic_write
@@ -107,7 +105,7 @@ def markdown(results: dict, rows: list[dict]) -> str:
             "| efficiency, same budget | Δ mean acc over updates | updates | CPU s / update (× GRPO) | scoring share "
             "| generated tokens / update (extra) | verdict: same updates / same budget |")
     lines = [f"Best oracle: `{best}`. Efficiency = (credit − GRPO) / (best oracle − GRPO), paired bootstrap 95 % "
-             "interval over seeds; Δ in points [Welch 95 % CI]. Verdict by the declared rule (docs/lab.md)."
+             "interval over seeds; Δ in points [Welch 95 % CI]. Verdict by the declared rule (docs/studies/efficiency)."
              + ("" if budget_binds(results) else
                 f" Every run stopped at max_steps = {results['config']['max_steps']} before its budget: the "
                 "same-budget columns repeat the same-updates view, not equal compute."), "",
@@ -191,22 +189,21 @@ def plot_curves(results: dict, path: Path) -> None:
     save_png(fig, path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("compare_dir", help="an oar compare directory with results.json (oracle columns included)")
-    p.add_argument("--out", required=True, help="directory for the copies, efficiency.{json,md,png}")
-    a = p.parse_args(argv)
-    src, out = Path(a.compare_dir), Path(a.out)
+def write_efficiency(compare_dir: str | Path, out: str | Path) -> Path:
+    """Check ``compare_dir`` (its ``results.json`` and ``results.md``, a config with the batch shape, an oracle
+    column) and ``out`` before writing anything (ValueError naming what is wrong), then write the copies and the
+    efficiency files into ``out``; returns the path of ``efficiency.md``."""
+    src, out = Path(compare_dir), Path(out)
     for name in ("results.json", "results.md"):
         if not (src / name).is_file():
-            p.error(f"no {name} in {a.compare_dir!r}")
+            raise ValueError(f"no {name} in {str(compare_dir)!r}")
     if out.resolve() == src.resolve():
-        p.error(f"--out {a.out!r} is the compare directory itself; give another")
+        raise ValueError(f"--out {str(out)!r} is the compare directory itself; give another")
     results = json.loads((src / "results.json").read_text(encoding="utf-8"))
     if not {"prompts_per_step", "group_size"} <= set(results.get("config") or {}):
-        p.error(f"{str(src / 'results.json')!r} has no config with prompts_per_step and group_size")
+        raise ValueError(f"{str(src / 'results.json')!r} has no config with prompts_per_step and group_size")
     if not any(is_oracle(c) for c in results["credits"]):
-        p.error(f"{str(src / 'results.json')!r} has no oracle column: credit efficiency needs one")
+        raise ValueError(f"{str(src / 'results.json')!r} has no oracle column: credit efficiency needs one")
     out.mkdir(parents=True, exist_ok=True)
     for name in ("results.json", "results.md"):
         shutil.copyfile(src / name, out / name)
@@ -215,9 +212,4 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write(out / "efficiency.md", markdown(results, rows))
     plot(rows, out / "efficiency.png")
     plot_curves(results, out / "curves.png")
-    sys.stdout.write((out / "efficiency.md").read_text(encoding="utf-8"))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return out / "efficiency.md"

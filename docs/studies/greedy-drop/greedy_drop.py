@@ -1,6 +1,7 @@
 """Why does OAR-G lower greedy accuracy on the default lab task (issue #14)? Measured, not guessed.
 
-The first study (docs/lab.md) ended with greedy accuracy 69.0 under GRPO and 59.8 under OAR-G (warm start 71.9).
+The first study (docs/studies/first-study) ended with greedy accuracy 69.0 under GRPO and 59.8 under OAR-G (warm
+start 71.9).
 This benchmark trains GRPO and OAR-G from the same cached warm start with the study's recipe (default regime,
 300 training seconds, one process per run), keeps the final weights, and measures on 512 held-out problems:
 
@@ -11,7 +12,7 @@ This benchmark trains GRPO and OAR-G from the same cached warm start with the st
   log-probability of the right token and how often it is the argmax, per token kind (result digits, copied
   digits, operand digits, structure, filler, answer), each model against the warm start.
 
-Usage: ``python benchmarks/greedy_drop.py --out runs/greedy-drop [--seeds 2] [--budget 300] [--resume]``
+Usage: ``python docs/studies/greedy-drop/greedy_drop.py --out runs/greedy-drop [--seeds 2] [--budget 300] [--resume]``
 (trains 2 × seeds runs, about 6 minutes each on one core, then analyses; ``--resume`` keeps finished runs).
 Writes ``greedy_drop.json`` and ``greedy_drop.md``.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,62 +32,18 @@ from oar.lab.model import sample
 from oar.lab.run import RunConfig, train_lab
 from oar.lab.stats import mean_ci
 from oar.lab.task import (
-    ANSWER,
-    FILLER,
     FILLERS,
-    OP_RE,
-    PIVOTAL,
     STEP_RE,
     STEP_SEP,
-    STRUCTURE,
-    extract_int,
-    first_wrong_step,
+    TOKEN_KINDS,
+    failure_kind,
     make_split,
     max_completion_chars,
+    token_kinds,
 )
 from oar.lab.warmstart import WarmStartConfig, warm_start
 
 CREDITS = ("grpo", "oar-g")
-# token kinds of a worked solution, finer than the task labels: pivotal digits split by their role in a±b=c
-KINDS = ("result", "copied", "operand", "structure", "filler", "answer")
-
-
-def token_kinds(completion: str, labels: tuple[int, ...]) -> list[str]:
-    """One kind per character of a worked solution: pivotal digits become ``copied`` (``a``), ``operand``
-    (``b``) or ``result`` (``c``) of their step ``a±b=c``."""
-    names = {STRUCTURE: "structure", FILLER: "filler", ANSWER: "answer", PIVOTAL: "pivotal"}
-    kinds = [names.get(lab, "other") for lab in labels]
-    for m in STEP_RE.finditer(completion):
-        for group, role in ((1, "copied"), (3, "operand"), (4, "result")):
-            for i in range(m.start(group), m.end(group)):
-                kinds[i] = role
-    return kinds
-
-
-def greedy_failure(prompt: str, completion: str, answer: int) -> str:
-    """``right``; for the first wrong step (:func:`first_wrong_step`): ``step skipped`` (it does the next
-    operation), ``extra step`` (past the prompt's operations), ``wrong a`` (not the previous result), ``wrong b``
-    (not the prompt's operation) or ``wrong c`` (a slip in the result); ``steps right, box wrong`` (every written
-    step right: a step missing at the end, or the boxed value not the last result) or ``no boxed answer``."""
-    if extract_int(completion) == answer:
-        return "right"
-    span = first_wrong_step(prompt, completion)
-    if span is None:
-        return "steps right, box wrong" if extract_int(completion) is not None else "no boxed answer"
-    m = STEP_RE.match(completion, span[0])
-    head = re.match(r"(\d+)", prompt)
-    ops = OP_RE.findall(prompt[head.end():])
-    steps_before = len(STEP_RE.findall(completion[: span[0]]))
-    prev = int(head.group(1)) if steps_before == 0 else int(STEP_RE.findall(completion[: span[0]])[-1][3])
-    a, op, b = int(m.group(1)), m.group(2), str(int(m.group(3)))
-    ops = [(o, str(int(n))) for o, n in ops]
-    if steps_before >= len(ops):
-        return "extra step"
-    if (op, b) != ops[steps_before]:
-        return "step skipped" if ops[steps_before + 1 : steps_before + 2] == [(op, b)] else "wrong b"
-    if a != prev:
-        return "wrong a"
-    return "wrong c"
 
 
 @torch.no_grad()
@@ -104,7 +60,7 @@ def teacher_forced(model, tok, problems) -> dict[str, dict[str, float]]:
     """Per token kind: mean log-probability of the worked solution's token and the fraction where it is the
     argmax, the model fed the prompt and the right prefix."""
     model.eval()
-    sums = {k: [0.0, 0.0, 0] for k in KINDS}
+    sums = {k: [0.0, 0.0, 0] for k in TOKEN_KINDS}
     for i in range(0, len(problems), 128):
         batch = problems[i : i + 128]
         ids, logits = _forward(model, tok, [p.prompt + p.completion for p in batch])
@@ -160,7 +116,7 @@ def analyse(model, tok, problems, max_len: int) -> dict:
     greedy = sample(model, tok, [p.prompt for p in problems], 0.0, max_len)
     cats: dict[str, int] = {}
     for p, g in zip(problems, greedy, strict=True):
-        c = greedy_failure(p.prompt, g, p.answer)
+        c = failure_kind(p.prompt, g, p.answer)
         cats[c] = cats.get(c, 0) + 1
     return {"greedy": {k: v / len(problems) for k, v in sorted(cats.items())},
             "greedy_length": sum(map(len, greedy)) / len(greedy), "greedy_fillers": greedy_fillers(greedy),
@@ -218,7 +174,7 @@ def main() -> None:
     result = {"seeds": args.seeds, "budget_s": args.budget, "problems": args.problems, "per_model": per_model,
               "mean": {c: {"greedy": {k: agg(c, lambda m, k=k: m["greedy"].get(k, 0.0)) for k in cats},
                            "tokens": {k: {f: agg(c, lambda m, k=k, f=f: m["tokens"][k][f]) for f in ("logp", "top1")}
-                                      for k in KINDS}} for c in CREDITS}}
+                                      for k in TOKEN_KINDS}} for c in CREDITS}}
     atomic_write(out / "greedy_drop.json", json.dumps(_finite(result), indent=1, allow_nan=False))
     atomic_write(out / "greedy_drop.md", markdown(result, cats))
     print(markdown(result, cats))
@@ -238,7 +194,7 @@ def markdown(result: dict, cats: list[str]) -> str:
               "| kind | tokens | warm start log p / top-1 | "
               + " | ".join(f"{k} log p / top-1" for k in CREDITS) + " |",
               "|---|---|---|" + "---|" * len(CREDITS)]
-    for kind in KINDS:
+    for kind in TOKEN_KINDS:
         w = warm["tokens"][kind]
         cells = [f"{mean[k]['tokens'][kind]['logp']['mean']:.3f} / {100 * mean[k]['tokens'][kind]['top1']['mean']:.1f}"
                  for k in CREDITS]

@@ -1,6 +1,6 @@
 """Attribution fidelity on the lab: AUC of pivotal (operand / intermediate-result) tokens over filler, per credit.
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/lab_fidelity.py [--problems 256] [--regime long] [--verbosity 2]
+Usage: ``OMP_NUM_THREADS=1 python docs/studies/fidelity/lab_fidelity.py [--problems 256] [--regime long] [--verbosity 2]
 [--localisation] [--out FILE]``. Scores the worked solutions of held-out problems with the cached warm-started
 lab model of the regime (trained on first use); ``--localisation`` also samples the model and reports how often
 each method's largest weight lands on the first wrong step of a failed sample (``oar.lab.fidelity.localisation``).

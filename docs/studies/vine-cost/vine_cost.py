@@ -5,7 +5,7 @@ Trains the lab's warm start (``--regime long`` by default: 6-8 written steps) fo
 one torch thread), and reports per rollout batch: TRL's ``step_time`` (first step dropped), the thread's CPU seconds
 per step, the completion tokens TRL generated, and vine's states sampled, continuation tokens and completions graded.
 
-    OMP_NUM_THREADS=1 python benchmarks/vine_cost.py [--steps 4] [--regime long] [--k 4] [--max-steps 8]
+    OMP_NUM_THREADS=1 python docs/studies/vine-cost/vine_cost.py [--steps 4] [--regime long] [--k 4] [--max-steps 8]
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The credit-headroom scan (docs/lab.md, "Credit headroom"): GRPO vs the oracle credits over a grid declared
+"""The credit-headroom scan (docs/studies/headroom): GRPO vs the oracle credits over a grid declared
 before any run, then the confirmation of the best cell at 6 seeds.
 
-    python benchmarks/headroom_scan.py --stage screen --out runs/headroom            # every cell, seeds 0-2
-    python benchmarks/headroom_scan.py --stage confirm --cells long-b16 --out runs/headroom   # seeds 0-5
-    python benchmarks/headroom_scan.py --stage table --out runs/headroom             # scan.json, scan.md, scan.png
+    python docs/studies/headroom/headroom_scan.py --stage screen --out runs/headroom      # every cell, seeds 0-2
+    python docs/studies/headroom/headroom_scan.py --stage confirm --cells long-b16 --out runs/headroom  # seeds 0-5
+    python docs/studies/headroom/headroom_scan.py --stage table --out runs/headroom   # scan.json, scan.md, scan.png
 
 Every stage resumes: a cell's finished runs are kept (``oar compare --resume``), so an interrupted scan continues.
 Each cell is one ``oar compare`` directory ``OUT/CELL`` with its own results.json / results.md / report.md.
@@ -19,7 +19,7 @@ from pathlib import Path
 from oar.lab.regimes import REGIMES
 
 LONG_B16 = REGIMES["long-b16"]  # the confirmed cell is a regime preset now: one home for its settings
-# the grid, declared in docs/lab.md before any run: regime, RunConfig overrides
+# the grid, declared in docs/studies/headroom/README.md before any run: regime, RunConfig overrides
 BUDGET_S = 100.0
 EVAL = {"eval_problems": 256, "eval_k": 2}
 CELLS: dict[str, tuple[str, dict]] = {
