@@ -27,12 +27,11 @@ from oar.checkpoints import STAGING_DIR
 from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token_credit
 from oar.credit.metrics import metric_totals, metrics_from_totals
 from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
-from oar.probe import DEFAULT_CONCLUDE
+from oar.probe import ANSWER_SOURCES, DEFAULT_CONCLUDE
 from oar.ranges import check_range
 from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
 
 PROBE_MODES = ("last", "answer_mean", "answer_joint")
-ANSWER_SOURCES = ("completion", "reference")
 # OARConfig fields handed to a credit method as these options, when the method declares them
 _OPTION_FIELDS = {"tau": "oar_tau", "beta": "oar_beta", "floor": "oar_floor", "mode": "probe_mode",
                   "noise_std": "noise_std", "chunk_size": "oar_chunk_size", "temperature": "temperature"}

