@@ -6,7 +6,8 @@ export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup compare test lint bench gpu-check gpu-bundle gpu-rehearsal clean test-verl test-low gpu-verl
+.PHONY: setup compare test test-rest test-all lint bench gpu-check gpu-bundle gpu-rehearsal clean test-verl test-low \
+	gpu-verl
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -23,7 +24,16 @@ setup: $(STAMP)
 compare: $(STAMP)
 	$(VENV)/bin/oar compare --out runs/compare
 
+# the fast tier: every test without a heavy marker (pyproject.toml: slow, ddp, browser, smollm2, gpu), no browser,
+# a few minutes on one core; test-rest runs exactly the others (CI runs both), test-all every test in one run
+FAST_TESTS := not slow and not ddp and not browser and not smollm2 and not gpu
 test: $(STAMP)
+	$(PY) -m pytest -q -m "$(FAST_TESTS)"
+
+test-rest: $(STAMP)
+	$(PY) -m pytest -q -m "not ($(FAST_TESTS))"
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
