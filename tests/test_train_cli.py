@@ -237,3 +237,56 @@ def test_config_warnings_are_dropped_unless_verbose(workspace, capsys):
     raised = {str(w.message) for w in direct if issubclass(w.category, FutureWarning)}
     assert raised <= set(future_warnings(["--verbose"]))
     assert future_warnings([]) == []
+
+
+def test_one_credit_value_reaches_run_json_and_bad_credits_stop_before_any_work(workspace, capsys):
+    """``--credit NAME@OPT=V`` is one value from the command line to run.json; a lab-only credit and a refused
+    combination of options each get one line naming them, before the model or the data load."""
+    root, config = workspace
+    base = ["train", "--config", str(config), "--max_steps", "1", "--dataset", str(root / "missing.jsonl")]
+    assert main([*base, "--output_dir", str(root / "lab"), "--credit", "oracle-process"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'oracle-process' is lab-only" in err
+    assert "oar compare --credits grpo,oracle-process" in err
+    assert main([*base, "--output_dir", str(root / "rule"), "--credit", "oar-g@noise_std=0&mode=last"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "noise_std must be > 0 unless mode is 'answer_joint'" in err
+    assert not (root / "lab").exists() and not (root / "rule").exists()
+
+    out = root / "spec"
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--max_steps", "1",
+                 "--credit", "oar-p@horizon=1&chunk_size=8"]) == 0
+    capsys.readouterr()
+    run = json.loads((out / "run.json").read_text())
+    assert run["credit"] == run["config"]["credit"] == "oar-p@horizon=1&chunk_size=8"
+    assert all(d.credit == "oar-p@horizon=1&chunk_size=8" for d in read_records(out / "attributions.jsonl"))
+
+
+def test_resume_reads_the_credit_of_an_older_run_json(tmp_path):
+    """An older oar stored the credit apart (``credit``, ``credit_options``, the option fields, the sampler's
+    temperature routed into a credit's own): ``--resume`` compares the credit it trained with, resolved, so the
+    same credit written the new way resumes and another one is named."""
+    from oar.train_run import check_resume, parse_train_args
+
+    def stored(credit: str, **fields) -> None:
+        script, cfg = parse_train_args(["--output_dir", str(tmp_path), "--credit", credit])
+        old = {**cfg.to_dict(), "credit": credit.partition("@")[0], "oar_tau": 0.25, "oar_beta": 1.0,
+               "oar_floor": 0.1, **fields}
+        (tmp_path / "run.json").write_text(json.dumps({"config": old, "train_args": {}}, default=str))
+
+    def resume(credit: str, *extra: str) -> None:
+        script, cfg = parse_train_args(["--output_dir", str(tmp_path), "--credit", credit, *extra])
+        check_resume(tmp_path, script, cfg)
+
+    stored("oar-p@horizon=2", credit_options={"horizon": 2})
+    resume("oar-p@horizon=2")
+    with pytest.raises(ValueError, match=r"credit: 'oar-p@horizon=2' -> 'oar-p@horizon=3'"):
+        resume("oar-p@horizon=3")
+    stored("oar-g", oar_beta=2.0)  # an option field away from its default is part of the credit
+    resume("oar-g@beta=2.0")
+    with pytest.raises(ValueError, match=r"credit: 'oar-g@beta=2.0' -> 'oar-g'"):
+        resume("oar-g")
+    stored("gtpo", temperature=0.7)  # an older oar read gtpo's entropy at the sampler's temperature
+    resume("gtpo@temperature=0.7", "--temperature", "0.7")
+    with pytest.raises(ValueError, match=r"credit: 'gtpo@temperature=0.7' -> 'gtpo'"):
+        resume("gtpo", "--temperature", "0.7")
