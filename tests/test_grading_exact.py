@@ -201,17 +201,17 @@ def test_the_issue_overflow_is_a_zero_reward():
 def test_a_grading_error_is_a_zero_reward_counted_in_a_metric(monkeypatch, caplog):
     import logging
 
-    import oar.grading.verify as verify
+    import oar.grading.extraction as extraction
 
     caplog.set_level(logging.DEBUG, logger="oar.grading.verify")
-    real = verify.normalize_gold
+    real = extraction.normalize_gold
 
     def flaky(gold):
         if gold == "boom":
             raise OverflowError("integer division result too large for a float")
         return real(gold)
 
-    monkeypatch.setattr(verify, "normalize_gold", flaky)
+    monkeypatch.setattr(extraction, "normalize_gold", flaky)
     logged: list[tuple[str, float]] = []
     rewards = math_reward(None, ["\\boxed{1}", "\\boxed{1}", "\\boxed{2}"], answer=["1", "boom", "boom"],
                           log_metric=lambda name, value: logged.append((name, value)))

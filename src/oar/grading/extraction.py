@@ -57,6 +57,7 @@ _TRANSLATE = {
     **{ord(c): _vulgar_latex(c) for c in _VULGAR},
     ord("\u2212"): "-", ord("\u2044"): "/", ord("\u2215"): "/", ord("\u221e"): "\\infty ",
 }
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f]+")
 _SCRIPT_RUN = re.compile(f"[{_SUPERSCRIPTS}]+|[{_SUBSCRIPTS}]+")
 _SCRIPT_PLAIN = str.maketrans(_SUPERSCRIPTS + _SUBSCRIPTS, "0123456789+-=()ni" + "0123456789+-=()")
 
@@ -71,8 +72,9 @@ def clean_text(text: str) -> str:
     print), Unicode vulgar fractions as ``\\frac{a}{b}`` (``½``), superscript and subscript runs as ``^{...}`` /
     ``_{...}`` (``x²``, ``10³``, ``x⁻¹``), the minus sign ``−`` as ``-``, the fraction slash as ``/``, ``∞`` as
     ``\\infty``. Linear in the length of ``text``."""
-    text = text.translate(_TRANSLATE)
-    return text if text.isascii() else _SCRIPT_RUN.sub(_script, text)
+    if text.isascii():  # the common case: only ASCII controls to delete (a scan in C, no per-character lookup)
+        return _ASCII_CONTROL.sub("", text) if _ASCII_CONTROL.search(text) else text
+    return _SCRIPT_RUN.sub(_script, text.translate(_TRANSLATE))
 
 
 _SPACE_RUN = re.compile(r"\s+")
@@ -125,6 +127,9 @@ def _bare_answer(text: str) -> str | None:
     return s
 
 
+_DOLLAR_PIECES = re.compile(r"\$\s*,\s*\$")  # "$a$, $b$": OlympiadBench answers of several pieces
+
+
 def normalize_gold(gold: Any) -> str:
     """A gold answer as one LaTeX string: GSM8K ``#### n`` solutions, numbers (``27.0`` -> ``27``; integers keep
     every digit), zero-padded integers (``025`` -> ``25``), OlympiadBench lists of ``$...$`` pieces (joined by
@@ -138,12 +143,12 @@ def normalize_gold(gold: Any) -> str:
         if not math.isfinite(gold):
             raise ValueError(f"gold answer must be a finite number, got {gold!r}")
         return _int_text(int(gold)) if gold.is_integer() and abs(gold) < 1e15 else repr(gold)
-    if isinstance(gold, Sequence) and not isinstance(gold, str):
+    if not isinstance(gold, str) and isinstance(gold, Sequence):
         return ", ".join(normalize_gold(g) for g in gold)
     text = clean_text(str(gold))
     if "####" in text:
         text = text.split("####")[-1]
-    text = ", ".join(p.strip().strip("$").strip() for p in re.split(r"\$\s*,\s*\$", text.strip()))
+    text = ", ".join(p.strip().strip("$").strip() for p in _DOLLAR_PIECES.split(text.strip()))
     num = plain_number(text)
     integer = num is not None and not num.percent and num.value.denominator == 1 and abs(num.value) < 10**15
     return str(num.value.numerator) if integer else text
@@ -160,14 +165,20 @@ def _int_text(n: int) -> str:
 
 def missing_gold(gold: Any) -> bool:
     """Whether ``gold`` holds no answer: None, NaN (a missing cell), or text that normalises to nothing."""
+    return gold_text(gold) is None
+
+
+def gold_text(gold: Any) -> str | None:
+    """:func:`normalize_gold` of ``gold``, or None when it holds no answer (:func:`missing_gold`)."""
     if gold is None or (isinstance(gold, float) and math.isnan(gold)):
-        return True
-    if isinstance(gold, Sequence) and not isinstance(gold, str) and not gold:
-        return True
+        return None
+    if not isinstance(gold, str) and isinstance(gold, Sequence) and not gold:
+        return None
     try:
-        return not normalize_gold(gold).strip()
+        text = normalize_gold(gold)
     except ValueError:
-        return True
+        return None
+    return text if text.strip() else None
 
 
 def gold_answer(row: Mapping[str, Any], benchmark: str | None = None) -> str:

@@ -76,9 +76,9 @@ def plain_number(text: str) -> PlainNumber | None:
     if len(whole) + len(decimals or "") > _MAX_LITERAL or (exponent and not -_MAX_LITERAL <= int(exponent[:8])
                                                          <= _MAX_LITERAL):
         return None
-    scale = Fraction(10) ** int(exponent or 0)
-    value = (int(whole or "0") + Fraction(int(decimals or "0"), 10 ** len(decimals or ""))) * scale
-    unit = Fraction(1, 10 ** len(decimals)) * scale if decimals is not None else None
+    digits, places = int((whole or "0") + (decimals or "")), len(decimals or "") - int(exponent or 0)
+    value = Fraction(digits * 10 ** -places) if places <= 0 else Fraction(digits, 10**places)
+    unit = None if decimals is None else Fraction(10**-places) if places <= 0 else Fraction(1, 10**places)
     return PlainNumber(-value if sign == "-" else value, percent, unit)
 
 

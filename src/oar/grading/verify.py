@@ -30,8 +30,7 @@ from oar.grading.extraction import (
     clean_text,
     completion_text,
     extract_answer,
-    missing_gold,
-    normalize_gold,
+    gold_text,
     squash_spaces,
 )
 from oar.grading.numbers import PlainNumber, numbers_match, plain_number
@@ -334,9 +333,10 @@ def _report(err: BaseException) -> None:
 
 def _prepare(completion: Any, gold: Any) -> tuple[bool | None, str | None, str]:
     """(verdict or None when math-verify must decide, the extracted answer, the normalised gold)."""
-    if missing_gold(gold):
+    gold = gold_text(gold)
+    if gold is None:  # a missing gold never matches
         return False, None, ""
-    text, gold = clean_text(completion_text(completion)), normalize_gold(gold)
+    text = clean_text(completion_text(completion))
     pred = extract_answer(text)
     if pred is None:  # no final answer and not a plain bare answer: right only when the text is the gold
         return squash_spaces(text).strip("$").strip() == squash_spaces(gold), None, gold
