@@ -7,8 +7,8 @@ it. An exception is reported by its type (the grader of an older tree raises on 
 compare (``PYTHONPATH=OLD/src python benchmarks/grader_cost.py``): it only uses ``grade_answer`` and
 ``grade_answers``.
 
-Throughput: 512 GSM8K training completions (half boxed right, half a stated wrong answer) against the raw
-``####`` solutions, all settled by the fast path; the best of 5 passes.
+Throughput: 512 GSM8K training completions (half boxed right, half a stated answer off by one) against the raw
+``####`` solutions, all settled by the fast path: the first pass, and the best of 4 more over the same batch.
 
     OMP_NUM_THREADS=1 python benchmarks/grader_cost.py [--json FILE] [--data ../shared/data]
 """
@@ -65,8 +65,10 @@ def grade_case(completion: str, gold: object) -> tuple[str, float]:
     return verdict, time.perf_counter() - t0
 
 
-def throughput(data: Path) -> tuple[float, int]:
-    """(items per second, completions graded right) of the fast path on 512 GSM8K completions."""
+def throughput(data: Path) -> tuple[float, float, int]:
+    """(items per second on first sight, the best of 4 more passes over the same batch, completions graded right)
+    of the fast path on 512 GSM8K completions. Later passes see golds already read (the grader caches them, as
+    when a group of G completions shares its gold)."""
     from oar.grading import grade_answers
 
     rows = [json.loads(line) for line in (data / "gsm8k" / "train.jsonl").read_text().splitlines()[:512]]
@@ -75,12 +77,12 @@ def throughput(data: Path) -> tuple[float, int]:
     completions = [f"Let me think. {r['question'][:200]}\nSo the total is \\boxed{{{f}}}." if i % 2
                    else f"... The answer is {int(f.replace(',', '')) + 1}"
                    for i, (r, f) in enumerate(zip(rows, finals, strict=True))]
-    best, right = float("inf"), 0
+    seconds, right = [], 0
     for _ in range(5):
         t0 = time.perf_counter()
         right = sum(grade_answers(completions, golds))
-        best = min(best, time.perf_counter() - t0)
-    return len(completions) / best, right
+        seconds.append(time.perf_counter() - t0)
+    return len(completions) / seconds[0], len(completions) / min(seconds[1:]), right
 
 
 def main() -> None:
@@ -110,11 +112,13 @@ def main() -> None:
     for r in rows:
         flag = "" if r["verdict"] == r["right"] else " **(wrong)**"
         print(f"| {r['case']} | {r['verdict']}{flag} | {r['right']} | {r['seconds']:.2f} |")
-    rate, right = throughput(Path(args.data))
-    print(f"\nfast path: {rate:,.0f} items/s on 512 GSM8K completions ({right} graded right of 256 right)")
+    first, again, right = throughput(Path(args.data))
+    print(f"\nfast path, 512 GSM8K completions: {first:,.0f} items/s first sight, {again:,.0f} items/s again "
+          f"({right} graded right of 256 right)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cases": rows, "fast_path_items_per_s": rate, "fast_path_right": right}, f, indent=2)
+            json.dump({"cases": rows, "fast_path_items_per_s": {"first": first, "again": again},
+                       "fast_path_right": right}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -145,7 +146,12 @@ def normalize_gold(gold: Any) -> str:
         return _int_text(int(gold)) if gold.is_integer() and abs(gold) < 1e15 else repr(gold)
     if not isinstance(gold, str) and isinstance(gold, Sequence):
         return ", ".join(normalize_gold(g) for g in gold)
-    text = clean_text(str(gold))
+    return _normalize_text(str(gold))
+
+
+@functools.lru_cache(maxsize=8192)  # a group of G completions shares its gold: normalise it once
+def _normalize_text(text: str) -> str:
+    text = clean_text(text)
     if "####" in text:
         text = text.split("####")[-1]
     text = ", ".join(p.strip().strip("$").strip() for p in _DOLLAR_PIECES.split(text.strip()))

@@ -7,6 +7,7 @@ Pure Python (``fractions``): no float ever stands between a written number and i
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -47,10 +48,13 @@ _UNIT = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=8192)  # a group of G completions shares its gold: read it once
 def plain_number(text: str) -> PlainNumber | None:
     """``text`` as one plain number (integer, decimal, scientific notation ``4.5e33`` / ``4.5 \\times 10^{33}``,
     integer fraction ``\\frac{a}{b}`` / ``\\frac12`` / ``a/b``), maybe with ``$``, digit-group separators, a
     percent sign or a trailing unit; None otherwise. Digits separated by a space (``4 2``) are not one number."""
+    if text.isdigit() and text.isascii() and len(text) <= _MAX_LITERAL:  # the common case, without regexes
+        return PlainNumber(Fraction(int(text)))
     s = THOUSANDS.sub("", text).replace("\\!", "")  # \! is a negative space: never a separator
     s = _LATEX_SPACES.sub(" ", s).replace("\\$", "").replace("$", "").strip()
     s = s.rstrip(".").strip()
