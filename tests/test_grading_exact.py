@@ -42,6 +42,8 @@ SLOW = 20.0  # seconds of math-verify per item: a loaded test machine must not t
     ("\\boxed{0.0000002}", "0.0000001", False), ("\\boxed{\\frac{1}{3}}", "0.333333", True),
     ("\\boxed{\\frac{1}{3}}", "0.33", False), ("\\boxed{4.5000001 \\times 10^{33}}", "4.5e33", True),
     ("\\boxed{4.6 \\times 10^{33}}", "4.5e33", False), ("\\boxed{1.5 \\cdot 10^3}", "1500", True),
+    # single numbers math-verify parses (not plain): the same rule, not math-verify's 6-decimal rounding
+    ("\\boxed{1\\frac{1}{2}}", "1.5000001", False), ("\\boxed{1\\frac{1}{2}}", "1.5", True),
 ])
 def test_integers_and_rationals_compare_exactly(pred, gold, expected):
     assert grade_answer(pred, gold, timeout=SLOW) is expected
