@@ -68,6 +68,8 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
         parser.set_defaults(use_cpu=True, bf16=False)
     script_args, config = parser.parse_args_and_config(args=argv)
     check_steps(config)
+    if script_args.max_train_samples is not None and script_args.max_train_samples < 1:
+        raise ValueError(f"max_train_samples must be >= 1 (or unset: every row), got {script_args.max_train_samples}")
     if script_args.conversational not in ("auto", "true", "false"):
         raise ValueError(f"conversational must be 'auto', 'true' or 'false', got {script_args.conversational!r}")
     check_template(script_args.prompt_template)
