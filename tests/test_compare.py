@@ -109,6 +109,34 @@ def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
+def test_ray_options_and_failures_are_named(monkeypatch, tmp_path, capsys):
+    """The Ray backend's checks, before any work, and the words of a failed study (no Ray needed)."""
+    import importlib.util
+
+    from oar.lab.compare import RunsFailed
+    from oar.lab.ray_pool import RayOptions, describe_error
+
+    with pytest.raises(ValueError, match="retries must be >= 0, got -1"):
+        RayOptions(retries=-1).check()
+    with pytest.raises(ValueError, match="gpus_per_run must be >= 0, got -0.5"):
+        RayOptions(gpus_per_run=-0.5).check()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main(["compare", "--quick", "--backend", "ray", "--out", str(tmp_path / "r")]) == 2
+    assert "--backend ray needs Ray, which is not installed: pip install 'oar-rl[ray]'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+    class TaskError(Exception):  # what Ray raises for a task that raised: the task's exception as its cause
+        cause = RuntimeError("deliberately broken\n  traceback lines")
+
+    assert describe_error(TaskError("wrapped")) == "RuntimeError: deliberately broken"
+    assert describe_error(OSError("x" * 400)).endswith("...") and len(describe_error(OSError("x" * 400))) == 300
+    err = RunsFailed({"oar-g-s1": ["WorkerCrashedError: killed", "RuntimeError: boom"]}, {"runs": []}, tmp_path)
+    assert str(err) == (f"1 run(s) failed every attempt: oar-g-s1 (2 attempts, last: RuntimeError: boom); the "
+                        f"results of the other runs are in {tmp_path}; --resume trains only the runs that did not "
+                        "finish")
+
+
 def test_presets_fit_their_budgets():
     q, d, s = PRESETS["quick"], PRESETS["default"], PRESETS["study"]
     assert len(q.credits) * q.seeds * q.budget_s <= 2 * 60  # 2 workers, ≤ 3 min wall with start-up and evals

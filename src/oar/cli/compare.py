@@ -61,10 +61,11 @@ def run(args: argparse.Namespace) -> int:
     if args.backend != "ray" and any(v is not None for v in ray_only.values()):
         raise ValueError(f"{', '.join(k for k, v in ray_only.items() if v is not None)} needs --backend ray")
     preset = get_preset(args.preset)
-    overrides = {"clock": args.clock, **({"budget_s": args.budget} if args.budget is not None else {}),
-                 **({"max_steps": args.max_steps} if args.max_steps is not None else {}),
-                 **({"task": {"verbosity": args.verbosity}} if args.verbosity is not None else {})}
-    base = base_config(preset, args.regime, overrides)
+    given = {"budget_s": args.budget, "max_steps": args.max_steps}
+    overrides = {"clock": args.clock, **{k: v for k, v in given.items() if v is not None}}
+    if args.verbosity is not None:
+        overrides["task"] = {"verbosity": args.verbosity}
+    base = base_config(preset, args.regime, overrides)  # every override in one dict, checked before any work
     ray = None
     if args.backend == "ray":
         ray = RayOptions(address=args.address, **({"retries": args.retries} if args.retries is not None else {}),

@@ -202,9 +202,9 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
     """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None)."""
     t0 = time.perf_counter()
     names = [f"{c}-s{seed}" for seed in range(seeds) for c in columns]
-    session = contextlib.nullcontext()
+    session, limit = contextlib.nullcontext(), workers  # limit: runs in flight (Ray: None, the cluster decides)
     if ray is None:
-        workers = workers or DEFAULT_WORKERS
+        workers = limit = workers or DEFAULT_WORKERS
         title = f"oar compare: {len(names)} runs, {workers} at a time"
     else:
         from oar.lab.ray_pool import cluster_cpus, ray_session
@@ -212,7 +212,7 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
         session = ray_session(ray, workers, verbose, imports)
     with session:
         if ray is not None:
-            workers = min(workers or len(names), cluster_cpus())
+            workers = min(limit or len(names), cluster_cpus())  # at a time now, for the table and its ETA
             title = f"oar compare on Ray: {len(names)} runs, {workers} at a time"
         view = RunTable(names, workers, title=title, before=(WARM_START_ROW,), after=(REPORT_ROW,))
         if live is not None:
@@ -240,7 +240,7 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
         else:
             from oar.lab.ray_pool import run_ray
 
-            errors = run_ray(jobs, view, warm_path, ray, workers, verbose, imports)
+            errors = run_ray(jobs, view, warm_path, ray, limit, verbose, imports)
     failed = {name: errs for name, errs in errors.items() if len(errs) > ray.retries} if ray else {}
     dirs = {k: d for k, d in dirs.items() if d.name not in failed}
     if not dirs:

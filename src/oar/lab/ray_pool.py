@@ -72,13 +72,28 @@ def ray_session(options: RayOptions, workers: int | None, verbose: bool = False,
     quiet = {} if verbose else {"logging_level": logging.ERROR, "log_to_driver": False}
     env = runtime_env(imports)
     if options.address is None and not os.environ.get("RAY_ADDRESS"):
-        ray.init(address="local", num_cpus=workers, include_dashboard=False, runtime_env=env, **quiet)
+        start_local_ray(num_cpus=workers, runtime_env=env, **quiet)
     else:
         ray.init(address=options.address, runtime_env=env, **quiet)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def start_local_ray(attempts: int = 3, **init) -> None:
+    """``ray.init(address="local", include_dashboard=False, **init)``, tried up to ``attempts`` times: Ray gives a
+    new local node 30 s to register (a fixed limit), which a heavily loaded machine can miss."""
+    import ray
+
+    for attempt in range(attempts):
+        try:
+            ray.init(address="local", include_dashboard=False, **init)
+            return
+        except Exception as err:  # Ray raises a bare Exception for it
+            if "timed out during startup" not in str(err) or attempt == attempts - 1:
+                raise
+            ray.shutdown()
 
 
 def runtime_env(imports: tuple[str, ...] = ()) -> dict:
