@@ -137,6 +137,25 @@ def test_ray_options_and_failures_are_named(monkeypatch, tmp_path, capsys):
                         "finish")
 
 
+def test_a_warm_start_travels_as_files_and_installs_once(tmp_path):
+    """What the Ray backend ships through the object store: a cache entry's files, installed into another
+    machine's cache unless that holds the entry already (no training, no torch)."""
+    from oar.lab.warmstart import cache_entry, cached_files, install_warm_start
+
+    cfg = WarmStartConfig(steps=3)
+    src = cache_entry(cfg, tmp_path / "a")
+    (src / "sub").mkdir(parents=True)
+    (src / "info.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\x00weights")
+    (src / "sub" / "part.bin").write_bytes(b"part")
+    files = cached_files(src)
+    assert files == {"info.json": b"{}", "model.safetensors": b"\x00weights", "sub/part.bin": b"part"}
+    dst = install_warm_start(cfg, files, tmp_path / "b")
+    assert dst == cache_entry(cfg, tmp_path / "b") and cached_files(dst) == files
+    assert install_warm_start(cfg, {"info.json": b"other"}, tmp_path / "b") == dst  # kept as it was
+    assert cached_files(dst) == files and not [p for p in dst.parent.iterdir() if p.name.startswith(".")]
+
+
 def test_presets_fit_their_budgets():
     q, d, s = PRESETS["quick"], PRESETS["default"], PRESETS["study"]
     assert len(q.credits) * q.seeds * q.budget_s <= 2 * 60  # 2 workers, ≤ 3 min wall with start-up and evals

@@ -2,10 +2,11 @@
 directories as the local pool (:mod:`oar.lab.pool`).
 
 What travels (docs/scaling.md, "A study on a Ray cluster"):
-- **code**: this process's ``oar`` package and the top-level packages of ``--import`` modules, shipped with every
-  task (Ray's ``py_modules``), so every node runs the driver's code; the nodes need oar's dependencies only;
-- **the warm start**: built (or loaded from the cache) once, here; its files (about 1 MB) are put into Ray's
-  object store once, and a task installs them into its node's warm-start cache unless that holds them already;
+- **code**: this process's ``oar`` package and the top-level packages of ``--import`` modules, uploaded once with
+  the job (Ray's ``py_modules``), so every node runs the driver's code; the nodes need oar's dependencies only;
+- **the warm start**: built (or loaded from the cache) once, here; its files (1.2 MB for the default model) are
+  put into Ray's object store once, and a task installs them into its node's warm-start cache unless that holds
+  them already;
 - **the results**: a task sends its run directory's files back and this process writes them under ``--out``,
   so no shared filesystem is needed. A task trains into the same absolute path on its node (``--out`` must be
   a path every node can create; on one machine, or with a shared filesystem, it is the same directory).

@@ -139,15 +139,23 @@ def warm_start(cfg: WarmStartConfig | None = None, cache_dir: str | Path | None 
 
 
 def cached_files(path: str | Path) -> dict[str, bytes]:
-    """The files of the cache entry ``path`` (weights, config, ``info.json``: about 1 MB), by name, to install
-    the same warm start on another machine (:func:`install_warm_start`; ``oar compare --backend ray``)."""
-    return {p.name: p.read_bytes() for p in sorted(Path(path).iterdir()) if p.is_file()}
+    """The files of the cache entry ``path`` (weights, config, ``info.json``: 1.2 MB for the default model), by
+    relative path, to install the same warm start on another machine (:func:`install_warm_start`;
+    ``oar compare --backend ray``)."""
+    root = Path(path)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def install_warm_start(cfg: WarmStartConfig, files: dict[str, bytes], cache_dir: str | Path | None = None) -> Path:
     """Put ``files`` (:func:`cached_files` of ``cfg``'s warm start) into this machine's cache unless it holds
     the entry already; returns its path. :func:`warm_start` then loads it instead of training it again."""
     path = cache_entry(cfg, cache_dir)
+
+    def write(tmp: Path) -> None:
+        for name, data in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_bytes(data)
+
     if not (path / "info.json").exists():
-        _store(path, lambda tmp: [(tmp / name).write_bytes(data) for name, data in files.items()])
+        _store(path, write)
     return path
