@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from oar.credit import credit_column, import_modules
-from oar.files import atomic_write, read_jsonl
+from oar.files import atomic_write, check_writable_dir, read_jsonl
 from oar.lab.run import RunConfig, credit_defaults, train_lab
 from oar.lab.summary import format_results_table, summarize_comparison
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.progress import RunTable
 from oar.quiet import quiet_libraries
+from oar.rundir import run_dir_name
 
 WARM_START_ROW, REPORT_ROW = "warm start (SFT)", "results and report"
 
@@ -61,6 +62,28 @@ def _finite(obj):
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
+
+
+# seeds per credit at most: each seed is one run of budget_s training seconds per credit (the study runs 6; 1000
+# runs of the quick preset's 30 s are 8.3 hours per credit and worker), and the seeds' run names are built up front
+MAX_SEEDS = 1000
+# what a comparison writes into its output directory next to the run directories
+RESULT_FILES, RESULT_DIRS = ("results.json", "results.md", "report.md"), ("figures", "plots")
+
+
+def check_out_dir(out_dir: str | Path, run_names: list[str]) -> Path:
+    """``out_dir`` created and writable, no file where a run directory (``run_names``) or a results directory
+    goes, no directory where a results file goes; ValueError naming the first such path, before any work."""
+    out = check_writable_dir(out_dir)
+    for name in (*run_names, *RESULT_DIRS):
+        if (out / name).exists() and not (out / name).is_dir():
+            raise ValueError(f"{str(out / name)!r} is a file, where oar compare writes a directory; move it away "
+                             "or choose another --out")
+    for name in RESULT_FILES:
+        if (out / name).is_dir():
+            raise ValueError(f"{str(out / name)!r} is a directory, where oar compare writes its {name}; move it "
+                             "away or choose another --out")
+    return out
 
 
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
@@ -201,14 +224,13 @@ def compare(
     import_modules(imports)  # before the columns: a credit they register is known, an unknown one errors now
     columns = {c.strip().lower(): credit_column(c) for c in (credits or p.credits)}  # ValueError naming the bad one
     seeds = p.seeds if seeds is None else seeds
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(f"seeds must be between 1 and {MAX_SEEDS}, got {seeds}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     base = base_config(preset, budget_s=budget_s, verbosity=verbosity, warm=warm, run_overrides=run_overrides,
                        regime=regime)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_out_dir(out_dir, [run_dir_name(c, seed) for seed in range(seeds) for c in columns])
     from rich.live import Live
 
     # Live re-draws the view 4 times a second and leaves its last state on the screen
@@ -223,7 +245,7 @@ def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[s
     """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None);
     ``columns``: column name -> (credit, options) (:func:`credit_column`)."""
     warm, credits = base.warm, tuple(columns)
-    names = [f"{c}-s{seed}" for seed in range(seeds) for c in credits]
+    names = [run_dir_name(c, seed) for seed in range(seeds) for c in credits]
     view = RunTable(names, workers, title=f"oar compare: {len(names)} runs, {workers} at a time",
                     before=(WARM_START_ROW,), after=(REPORT_ROW,))
     if live is not None:
@@ -241,7 +263,7 @@ def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[s
             name, options = columns[c]
             cfg = replace(base, credit=name, seed=seed,
                           oar={**base.oar, "credit_options": options} if options else base.oar)
-            run_dir = out / f"{c}-s{seed}"
+            run_dir = out / run_dir_name(c, seed)
             dirs[(c, seed)] = run_dir
             if not (resume and finished_run(run_dir, cfg)):
                 jobs.append((cfg, str(run_dir), str(cache_dir) if cache_dir else None))
@@ -253,13 +275,17 @@ def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[s
     results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers})
-    atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
     table = format_results_table(results)
-    atomic_write(out / "results.md", table)
-    if report:
-        from oar.viz.report import write_report
+    try:
+        atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
+        atomic_write(out / "results.md", table)
+        if report:
+            from oar.viz.report import write_report
 
-        write_report([str(d) for d in dirs.values()], out, results_md=table)
+            write_report([str(d) for d in dirs.values()], out, results_md=table)
+    except OSError as err:  # the runs are kept: --resume summarizes them without training again
+        raise ValueError(f"cannot write the results into {str(out)!r} ({err.strerror or err}: "
+                         f"{err.filename or ''}); the runs are kept, rerun with --resume once it is writable") from err
     view.update(REPORT_ROW, status="done")
     return results
 
