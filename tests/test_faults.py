@@ -343,3 +343,45 @@ def test_results_that_cannot_be_written_are_one_line_and_keep_the_runs(tmp_path,
     err = _compare_error(capsys, tmp_path / "out")
     assert "cannot write the results" in err and "No space left on device" in err and "--resume" in err, err
     assert (tmp_path / "out" / "grpo-s0" / "metrics.jsonl").is_file()
+
+
+@pytest.fixture
+def user_modules(tmp_path, monkeypatch):
+    pkg = tmp_path / "usermods"
+    pkg.mkdir()
+    (pkg / "raises_value.py").write_text("x = 1\nraise ValueError('bad setting in the user module')\n")
+    (pkg / "raises_runtime.py").write_text("def f():\n    raise RuntimeError('boom')\nf()\n")
+    (pkg / "missing_dep.py").write_text("import not_an_installed_package_xyz\n")
+    (pkg / "syntax.py").write_text("def (:\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    return pkg
+
+
+@pytest.mark.parametrize("command", [["credits"], ["compare", "--quick"], ["attribute", "--prompt", "p",
+                                                                             "--completion", "c"],
+                                     ["train", "--model", "m"]])
+@pytest.mark.parametrize("module", [".relative", "..up", "pkg/mod.py", "a..b", "", "no_such_module_xyz",
+                                    "os.no_such_sub"])
+def test_import_of_a_bad_module_name_is_one_line(capsys, command, module):
+    from oar.cli import main
+
+    assert main([command[0], "--import", module, *command[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"oar {command[0]}: error: --import") and repr(module) in err[0], err
+
+
+@pytest.mark.parametrize("module, raised", [("raises_value", "ValueError"), ("raises_runtime", "RuntimeError"),
+                                            ("missing_dep", "ModuleNotFoundError"), ("syntax", "SyntaxError")])
+@pytest.mark.parametrize("command", ["credits", "compare", "train"])
+def test_a_user_module_that_raises_says_which_import_then_its_traceback(capsys, user_modules, module, raised,
+                                                                       command):
+    from oar.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--import", module, *(["--model", "m"] if command == "train" else [])])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    first, rest = err.split("\n", 1)
+    assert first == (f"oar {command}: error: --import {module!r} failed: importing it raised {raised} "
+                     "(its traceback follows)")
+    assert rest.startswith("Traceback") and f"{module}.py" in rest and rest.strip().splitlines()[-1].startswith(raised)
