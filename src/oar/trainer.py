@@ -28,7 +28,7 @@ from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token
 from oar.credit.metrics import metric_totals, metrics_from_totals
 from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
 from oar.probe import DEFAULT_CONCLUDE
-from oar.ranges import check_range
+from oar.ranges import check_finite_fields, check_range
 from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
 
 PROBE_MODES = ("last", "answer_mean", "answer_joint")
@@ -99,6 +99,7 @@ class OARConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        check_finite_fields(self)  # before transformers' own checks, which crash on inf (int(inf) steps)
         super().__post_init__()
         if isinstance(self.credit_options, str):
             try:

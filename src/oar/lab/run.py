@@ -16,6 +16,7 @@ from oar.files import atomic_write, read_jsonl
 from oar.lab.model import accuracy
 from oar.lab.task import BOXED, lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
+from oar.ranges import check_finite_fields
 from oar.rundir import RunDirCallback
 
 # how a lab run counts its training seconds (RunConfig.clock)
@@ -65,7 +66,8 @@ class RunConfig:
     oar: dict = field(default_factory=dict)  # extra OARConfig fields (oar_tau, noise_std, probe_mode, ...)
 
     def __post_init__(self) -> None:
-        if self.budget_s <= 0:
+        check_finite_fields(self)  # a NaN budget would never end a run; an infinite one only at max_steps
+        if not self.budget_s > 0:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {tuple(CLOCKS)}, got {self.clock!r}")
