@@ -256,7 +256,7 @@ def compare_trial(root: Path, n: int, kill: str, reference: Path, rng: random.Ra
         if kill == "run" and any(len(_run_numbers(d)) >= 2 for d in dirs):  # a step after the first evaluation
             time.sleep(rng.uniform(0.0, 1.0))
             break
-        if kill == "finished" and any((d / "summary.json").is_file() for d in dirs):
+        if kill == "after-run" and any((d / "summary.json").is_file() for d in dirs):
             break
         time.sleep(0.02)
     happened = kill if proc.poll() is None else "finished"
@@ -317,7 +317,7 @@ def main() -> None:
     if "compare" in commands:
         subprocess.run(_compare_cmd(root / "compare-reference", False), env=_env(), check=True, capture_output=True)
         for n in range(args.trials_compare):
-            row = compare_trial(root, n, ("startup", "run", "finished")[n % 3], root / "compare-reference", rng)
+            row = compare_trial(root, n, ("startup", "run", "after-run")[n % 3], root / "compare-reference", rng)
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n{len(rows)} trials in {time.perf_counter() - t0:.0f} s")
