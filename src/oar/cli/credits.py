@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import oar.lab  # noqa: F401  (registers the lab's oracle credits, after every built-in)
-    from oar.credit import credit_table, import_modules
+    from oar.cli.parser import import_user_modules
+    from oar.credit import credit_table
 
-    import_modules(args.modules)
+    import_user_modules("oar credits", args.modules)
     print(credit_table())
     return 0

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from oar.credit import CreditSpec, import_modules
-from oar.files import atomic_write
+from oar.files import atomic_write, check_writable_dir
 from oar.lab.pool import Job, run_local
 from oar.lab.ray_pool import RayOptions
 from oar.lab.run import RunConfig, credit_defaults
@@ -27,7 +27,7 @@ from oar.lab.task import TaskConfig
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.progress import RunTable
 from oar.quiet import quiet_libraries
-from oar.rundir import RunDir
+from oar.rundir import RunDir, run_dir_name
 
 WARM_START_ROW, REPORT_ROW = "warm start (SFT)", "results and report"
 DEFAULT_WORKERS = 2  # the local pool: one run per core of a 2-core machine
@@ -86,6 +86,28 @@ def _finite(obj):
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
+
+
+# seeds per credit at most: each seed is one run of budget_s training seconds per credit (the study runs 6; 1000
+# runs of the quick preset's 30 s are 8.3 hours per credit and worker), and the seeds' run names are built up front
+MAX_SEEDS = 1000
+# what a comparison writes into its output directory next to the run directories
+RESULT_FILES, RESULT_DIRS = ("results.json", "results.md", "report.md"), ("figures", "plots")
+
+
+def check_out_dir(out_dir: str | Path, run_names: list[str]) -> Path:
+    """``out_dir`` created and writable, no file where a run directory (``run_names``) or a results directory
+    goes, no directory where a results file goes; ValueError naming the first such path, before any work."""
+    out = check_writable_dir(out_dir)
+    for name in (*run_names, *RESULT_DIRS):
+        if (out / name).exists() and not (out / name).is_dir():
+            raise ValueError(f"{str(out / name)!r} is a file, where oar compare writes a directory; move it away "
+                             "or choose another --out")
+    for name in RESULT_FILES:
+        if (out / name).is_dir():
+            raise ValueError(f"{str(out / name)!r} is a directory, where oar compare writes its {name}; move it "
+                             "away or choose another --out")
+    return out
 
 
 def finished_run(run_dir: str | Path, cfg: RunConfig) -> bool:
@@ -204,14 +226,14 @@ def compare(
     keys = list(specs)
     if not keys:
         raise ValueError("no credit columns to compare")
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(f"seeds must be between 1 and {MAX_SEEDS}, got {seeds}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if ray is not None:
         ray.check()
-    out = Path(out).resolve()  # absolute: the same path in run.json on every backend and node
-    out.mkdir(parents=True, exist_ok=True)
+    # absolute: the same path in run.json on every backend and node; every path it writes checked before any work
+    out = check_out_dir(Path(out).resolve(), [run_dir_name(c, seed) for seed in range(seeds) for c in keys])
     from rich.live import Live
 
     reference = next((c for c, spec in specs.items() if not spec.resolve().method.acts), keys[0])  # plain GRPO
@@ -227,7 +249,7 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
     """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None);
     ``reference``: the column the others are compared with (the one that does not act, plain GRPO, if any)."""
     t0 = time.perf_counter()
-    names = [f"{c}-s{seed}" for seed in range(seeds) for c in columns]
+    names = [run_dir_name(c, seed) for seed in range(seeds) for c in columns]
     session, limit = contextlib.nullcontext(), workers  # limit: runs in flight (Ray: None, the cluster decides)
     if ray is None:
         workers = limit = workers or DEFAULT_WORKERS
@@ -254,7 +276,7 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
         for seed in range(seeds):  # seed-major: the credits of one seed run side by side
             for c in columns:
                 cfg = run_config(base, c, seed)
-                run_dir = out / f"{c}-s{seed}"
+                run_dir = out / run_dir_name(c, seed)
                 dirs[(c, seed)] = run_dir
                 if resume and finished_run(run_dir, cfg):
                     view.update(run_dir.name, status="cached", note="kept (--resume)")
@@ -278,13 +300,17 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers, "backend": "ray" if ray else "local",
                     "errors": {name: errs for name, errs in errors.items() if errs}})
-    atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
     table = format_results_table(results)
-    atomic_write(out / "results.md", table)
-    if report:
-        from oar.viz.report import write_report
+    try:
+        atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
+        atomic_write(out / "results.md", table)
+        if report:
+            from oar.viz.report import write_report
 
-        write_report([str(d) for d in dirs.values()], out, results_md=table)
+            write_report([str(d) for d in dirs.values()], out, results_md=table)
+    except OSError as err:  # the runs are kept: --resume summarizes them without training again
+        raise ValueError(f"cannot write the results into {str(out)!r} ({err.strerror or err}: "
+                         f"{err.filename or ''}); the runs are kept, rerun with --resume once it is writable") from err
     view.update(REPORT_ROW, status="done")
     if failed:
         raise RunsFailed(failed, results, out)
