@@ -10,7 +10,8 @@ The score and effect functions live with their method (:mod:`oar.importance`, :m
 module only states what each needs, costs and cites, and declares each option once, typed, with its range or
 choices (:class:`oar.credit.options.Option`; the τ/β/floor defaults and ranges are :mod:`oar.reshape`'s), and
 each rule between options (``check=``) and capability (``needs_*``, ``acts``) with the method. Options several
-methods share are one :class:`oar.credit.options.OptionGroup` (``BILEVEL``), attached with ``groups=``.
+methods share are one :class:`oar.credit.options.OptionGroup`, attached with ``groups=``: ``BILEVEL``, the
+reshaping of every importance credit (its ``rule``, :data:`oar.reshape.RULES`, and each rule's parameters).
 """
 
 from __future__ import annotations
@@ -30,14 +31,51 @@ from oar.credit.registry import bilevel_effect, register_credit
 from oar.importance import entropy_scores, gradient_scores, perturbation_scores, random_scores
 from oar.importance._common import MODES
 from oar.importance.guided import CALIBRATIONS, guided_perturbation_scores
-from oar.importance.prefix import SEPARATOR, prefix_scores
-from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
+from oar.importance.prefix import prefix_scores
+from oar.reshape import (
+    BETA,
+    BETA_RANGE,
+    FLOOR,
+    FLOOR_RANGE,
+    RULES,
+    SIGN_EPS,
+    SIGN_EPS_RANGE,
+    SIGN_ETA,
+    SIGN_ETA_RANGE,
+    SIGN_TAU,
+    SIGN_TAU_RANGE,
+    TAU,
+    TAU_RANGE,
+)
+from oar.steps import SEPARATOR
 
 OAR_PAPER = "Outcome-Grounded Advantage Reshaping, arXiv 2601.07408"
 
-# OAR's Bi-Level reshaping (OAR_SPEC §4), shared by every method whose effect is bilevel_effect
-BILEVEL = OptionGroup("bilevel", {"tau": Option(TAU, float, TAU_RANGE), "beta": Option(BETA, float, BETA_RANGE),
-                                  "floor": Option(FLOOR, float, FLOOR_RANGE)})
+# the parameters only some rules read (a value other than the default with another rule is refused)
+_RULE_PARAMETERS = {"tau": ("bilevel", "step"), "beta": ("bilevel", "step"), "floor": ("bilevel", "step"),
+                    "sign_tau": ("sign",), "sign_eta": ("sign",), "sign_eps": ("sign",)}
+
+
+def _rule_check(options: dict) -> None:
+    """A rule's own parameter set away from its default under another rule does nothing: refused, named."""
+    for key, rules in _RULE_PARAMETERS.items():
+        if options[key] != BILEVEL[key].default and options["rule"] not in rules:
+            raise ValueError(f"{key} is an option of rule {' / '.join(map(repr, rules))}, not of rule "
+                             f"{options['rule']!r}, got {key}={options[key]!r}")
+
+
+# The reshaping of every importance credit (bilevel_effect): the rule that turns importance into weights (default
+# OAR's Bi-Level, OAR_SPEC §4; oar.reshape.RULES), each rule's parameters, and the step boundaries the step and
+# process rules group by (oar-prefix scores across the same steps). One group: an option added here reaches every
+# importance credit.
+BILEVEL = OptionGroup("bilevel", {
+    "rule": Option("bilevel", str, choices=tuple(RULES)),
+    "tau": Option(TAU, float, TAU_RANGE), "beta": Option(BETA, float, BETA_RANGE),
+    "floor": Option(FLOOR, float, FLOOR_RANGE),
+    "sign_tau": Option(SIGN_TAU, float, SIGN_TAU_RANGE), "sign_eta": Option(SIGN_ETA, float, SIGN_ETA_RANGE),
+    "sign_eps": Option(SIGN_EPS, float, SIGN_EPS_RANGE),
+    "separator": Option(SEPARATOR, str, regex=True), "boundary_ids": Option(None, None),
+}, check=_rule_check)
 
 
 def _mode(default: str) -> Option:
@@ -126,8 +164,7 @@ register_credit(
     paper=f"extension of this project on {OAR_PAPER}: the answer read after each step's prefix",
     summary="|change of the answer's log-probability across the token's step| with the probe cut after each step, "
             "Bi-Level weights",
-    options={"separator": Option(SEPARATOR, str, regex=True), "boundary_ids": Option(None, None),
-             "chunk_size": Option(64, int, ">= 1")},
+    options={"chunk_size": Option(64, int, ">= 1")},  # its separator / boundary_ids: the group's step boundaries
     effect=bilevel_effect, groups=(BILEVEL,),
 )(prefix_scores)
 
