@@ -4,7 +4,7 @@
 1. plain GRPO and OAR (arXiv 2601.07408): ``grpo``, ``oar-g``, ``oar-p``; our extensions ``oar-pg``, ``oar-prefix``;
 2. baselines on OAR's probe and reshaping: ``entropy``, ``random``;
 3. peer methods, each from its paper (:mod:`oar.credit.peers`): ``entropy-mask``, ``gtpo``, ``ktae``, ``cf-span``,
-   ``vine``, ``vine-w``.
+   ``vine``, ``vine-w``, ``sc-grpo``, ``grail``.
 
 The score and effect functions live with their method (:mod:`oar.importance`, :mod:`oar.credit.peers`); this
 module only states what each needs, costs and cites, and declares each option once, typed, with its range or
@@ -22,8 +22,10 @@ from oar.credit.batch import CreditBatch
 from oar.credit.options import Option, OptionCheck, OptionGroup
 from oar.credit.peers.cf_span import cf_span_scores, cf_span_weights
 from oar.credit.peers.entropy_mask import entropy_mask_scores, high_entropy_mask
+from oar.credit.peers.grail import GRAIL_PAPER, SYMMETRIES, grail_scores
 from oar.credit.peers.gtpo import NORMS, gtpo_effect, gtpo_scores
 from oar.credit.peers.ktae import ktae_scores
+from oar.credit.peers.sc_grpo import SC_GRPO_PAPER, sc_grpo_scores, sc_grpo_weights
 from oar.credit.peers.vine import PASSES as VINE_PASSES
 from oar.credit.peers.vine import SEPARATOR as VINE_SEPARATOR
 from oar.credit.peers.vine import VINE_PAPER, replace_effect, vine_scores, weight_effect
@@ -244,3 +246,34 @@ register_credit(
     summary="GRPO's advantage spread over the steps: weight ∝ max(sign(A)·ΔV, 0) + eps, mean 1 over the completion",
     effect=weight_effect, options={"eps": Option(0.05, float, "> 0")}, groups=(VINE,), invert="negate",
 )(vine_scores)
+
+
+def _grail_bounds(options: dict) -> None:
+    """GRAIL's clip interval must not be empty."""
+    if options["w_min"] > options["w_max"]:
+        raise ValueError(f"w_min must be <= w_max, got w_min={options['w_min']} w_max={options['w_max']}")
+
+
+register_credit(
+    "sc-grpo", combine="multiply", needs_policy=True, needs_probe=False, needs_group=True,
+    passes="per scorer batch: 2 forwards (no grad) of the completion, after its prompt and after prompt ⊕ a verified "
+           "solution of its group ⊕ prompt (the one teacher-forced pass of the self-teacher, and the policy's own)",
+    paper=SC_GRPO_PAPER,
+    summary="KL(policy ‖ policy conditioned on another verified completion of the group) at each token, divided by "
+            "its mean over the completion; rows whose group has no other verified completion uniform",
+    effect=sc_grpo_weights, options={"min_reward": Option(1.0, float), "temperature": TEMPERATURE},
+)(sc_grpo_scores)
+
+register_credit(
+    "grail", combine="multiply", needs_policy=True, needs_probe=False, needs_group=True,
+    passes="per scorer batch: 1 forward + 1 backward to the input embeddings of prompt ⊕ completion (rows with a "
+           "boxed answer)",
+    paper=GRAIL_PAPER,
+    summary="‖gradient ⊙ input‖ of the boxed answer's log-probability at the position predicting the token, "
+            "z-scored log per completion, mean + std·z clipped to [w_min, w_max]; the box's content w_max; rows "
+            "symmetry leaves out, and those without a box, 1",
+    effect=_identity_effect, check=_grail_bounds,
+    options={"std": Option(0.5, float, "> 0"), "mean": Option(1.0, float, ">= 0"),
+             "w_min": Option(0.5, float, ">= 0"), "w_max": Option(5.0, float, ">= 0"),
+             "symmetry": Option("wrong", str, choices=SYMMETRIES), "temperature": TEMPERATURE},
+)(grail_scores)

@@ -134,7 +134,7 @@ def score_shard(
             counted = ResolvedCredit(counted.method, {**counted.options, "rule": "bilevel"})
         batch = CreditBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=response_ids,
                             completion_mask=response_mask, rewards=rewards, group=group_ids,
-                            model=policy if m.needs_policy else None)
+                            model=policy if m.needs_policy else None, tokenizer=tokenizer)
         kwargs = dict(probe=probe, batch_size=cfg.batch_size, generator=generator)
         if m.needs_group:
             credit = group_token_credit(counted, batch, active, group, **kwargs)
