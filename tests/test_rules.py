@@ -398,3 +398,41 @@ def test_the_verl_fold_applies_every_rule_as_token_credit_does(rule, char_tokeni
     if rule in ("step", "process"):
         with pytest.raises(ValueError, match=f"rule '{rule}' groups by steps: pass ends"):
             fold_credit(cfg, grpo, response_mask, scores, mask, active)
+
+
+# these completions ("3+4 is 7, \boxed{7}") have no newline or ';': a step ends at a space
+@pytest.mark.parametrize("credit", ["oar-g@rule=sign", "random@rule=process&separator=\\s",
+                                    "oar-prefix@rule=step&separator=\\s", "shuffle:entropy@rule=step&separator=\\s",
+                                    "sc-grpo", "grail@symmetry=both"])
+def test_the_trainer_trains_every_rule_and_the_new_peers(tmp_path, char_tokenizer, credit):
+    """`oar train --credit NAME@rule=R` parses, and one GRPO step runs with it: the trainer hands the credit the
+    advantages and its tokenizer, and the scored rows' token advantages vary."""
+    import datasets
+
+    from oar.train_run import parse_train_args
+    from oar.trainer import OARConfig, OARGRPOTrainer
+    from trainer_setup import first_group_reward, grpo_kwargs, task_rows, warm_tiny_lm
+
+    _, parsed = parse_train_args(["--model", "x", "--output_dir", str(tmp_path), "--credit", credit])
+    assert parsed.credit == str(CreditSpec.parse(credit))
+    seen = []
+
+    class Recording(OARGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            seen.append(out["advantages"].clone())
+            return out
+
+    args = grpo_kwargs(str(tmp_path), max_steps=1)
+    rewards = first_group_reward
+    if credit.startswith(("sc-grpo", "grail")):  # a verified solution and a boxed answer in the first group
+        def rewards(prompts, completions, **kw):
+            return [float(i in (0, 1)) for i in range(len(completions))]
+    rows = datasets.Dataset.from_list(task_rows(32, seed=3))
+    trainer = Recording(model=warm_tiny_lm(char_tokenizer), reward_funcs=rewards,
+                        args=OARConfig(**args, credit=credit), train_dataset=rows, processing_class=char_tokenizer)
+    trainer.train()
+    (adv,) = seen
+    active = (adv != 0).any(dim=1)
+    assert torch.isfinite(adv).all() and active.any()
+    assert adv[active].std(dim=1).max() > 0, f"{credit}: a scored row's token advantages vary"
