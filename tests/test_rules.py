@@ -436,3 +436,17 @@ def test_the_trainer_trains_every_rule_and_the_new_peers(tmp_path, char_tokenize
     active = (adv != 0).any(dim=1)
     assert torch.isfinite(adv).all() and active.any()
     assert adv[active].std(dim=1).max() > 0, f"{credit}: a scored row's token advantages vary"
+
+
+def test_the_controls_of_oracle_process_under_its_default_rule():
+    """shuffle: the old weights permuted, as before; inverted: the reversed blame peaks at the first token, so the
+    process rule zeroes nothing (documented change: before the rules it gave the reversed flags)."""
+    batch = _lab_batch([SLIP2], [-1.0])
+    base = token_credit("oracle-process", batch)
+    from oar.credit import shuffle_within_rows
+
+    shuf = token_credit("shuffle:oracle-process", batch, generator=torch.Generator().manual_seed(0)).weights
+    old = torch.where(base.mask, flagged_only(blame_scores(batch), base.mask), 1.0)
+    assert torch.equal(shuf, shuffle_within_rows(old, base.mask, torch.Generator().manual_seed(0)))
+    assert not torch.equal(shuf, base.weights)
+    assert torch.all(token_credit("inverted:oracle-process", batch).weights == 1)
