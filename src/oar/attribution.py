@@ -232,6 +232,9 @@ def attribute_batch(
     method = resolved.method
     if method.needs_group and (rewards is None or len(rewards) != len(completions)):
         raise ValueError(f"credit {credit!r} reads the rollout group: pass one reward per completion (rewards=)")
+    if resolved.options.get("rule") in ("sign", "process") and (rewards is None or len(rewards) != len(completions)):
+        raise ValueError(f"credit {credit!r}: rule {resolved.options['rule']!r} reads the sign of each completion's "
+                         "advantage: pass one reward per completion (rewards=)")
     probe = probe or OutcomeProbe(tokenizer)
     device = next(model.parameters()).device
     c_rows = [_encode(tokenizer, c, chat, False) for c in completions]
@@ -247,7 +250,7 @@ def attribute_batch(
         var = torch.zeros_like(n).index_add_(0, group, (r - mean[group]) ** 2) / (n - 1).clamp_min(1)
         adv = (r - mean[group]) / (var.sqrt()[group] + 1e-4)
     batch = CreditBatch(p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device), advantages=adv,
-                        rewards=r, group=group, model=model)
+                        rewards=r, group=group, model=model, tokenizer=tokenizer)
     was_training = model.training
     model.eval()
     try:

@@ -319,6 +319,7 @@ class OARGRPOTrainer(GRPOTrainer):
             rewards=self._batch_rewards(n).local(rank, n).total().to(adv.device),
             group=(rank * n + torch.arange(n, device=adv.device)) // self.num_generations,  # TRL's layout
             model=model, rollout=rollout,
+            tokenizer=getattr(self.processing_class, "tokenizer", self.processing_class),
         )
         refs = [str(row[a.reference_column]) for row in inputs] if a.answer_source == "reference" else None
         kwargs = dict(probe=self._probe, references=refs, batch_size=a.oar_batch_size,

@@ -121,11 +121,20 @@ def finished_run(run_dir: str | Path, cfg: RunConfig) -> bool:
     except (OSError, ValueError):
         return False
     if _lab_key(meta.get("lab")) != _lab_key(json.loads(json.dumps(asdict(cfg)))) \
-            or meta.get("credit_defaults") != credit_defaults(cfg) or not rows or "eval/accuracy" not in rows[-1]:
+            or not _same_defaults(meta.get("credit_defaults"), credit_defaults(cfg)) or not rows \
+            or "eval/accuracy" not in rows[-1]:
         return False
     last = rows[-1]
     stopped = last.get("wall_time", 0.0) >= cfg.budget_s or last.get("step", 0) >= cfg.max_steps
     return stopped and isinstance(summary, dict) and summary.get("final") == last
+
+
+def _same_defaults(recorded: dict | None, current: dict) -> bool:
+    """Whether a run's recorded credit option defaults are today's. An option registered after the run (absent from
+    its record, e.g. the importance credits' ``rule`` and its parameters) counts as at its default: a new option's
+    default is the behaviour before it (docs/credits.md)."""
+    return isinstance(recorded, dict) and set(recorded) <= set(current) \
+        and all(current[k] == v for k, v in recorded.items())
 
 
 def _lab_key(lab: dict | None) -> dict | None:
