@@ -107,7 +107,7 @@ def test_one_credit_value_with_deprecated_aliases(tmp_path):
     assert old.credit == "oar-p@horizon=2&chunk_size=64&tau=0.3"
     assert (old.credit_options, old.oar_tau, old.oar_beta) == (None, None, None)
     assert old.to_dict()["credit"] == old.credit
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="sets tau=0.5, and oar_tau sets tau=0.3"):
+    with pytest.raises(ValueError, match="sets tau=0.5, and oar_tau sets tau=0.3"):
         OARConfig(**kw, credit="oar-g@tau=0.5", oar_tau=0.3)  # one way to set an option: two values are refused
     with pytest.warns(FutureWarning):  # an alias the credit does not declare is ignored (a recipe with --credit grpo)
         assert OARConfig(**kw, credit="grpo", probe_mode="answer_mean").credit == "grpo"

@@ -169,8 +169,8 @@ def _load_torch(path: Path, mmap: bool = False) -> Any:
     the tensors instead of reading them (an optimizer state can be twice the model)."""
     try:
         from transformers.trainer_pt_utils import safe_globals
-    except ImportError:  # an older transformers loads RNG states without it
-        safe_globals = contextlib.nullcontext
+    except ImportError:  # transformers 5.0 keeps it in trainer.py
+        from transformers.trainer import safe_globals
     with safe_globals():
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
 
