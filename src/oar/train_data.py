@@ -33,14 +33,19 @@ def read_train_dataset(
     """The raw ``datasets.Dataset``, every row checked: ``prompt_column`` non-empty text and ``answer_column``
     present (not None/NaN/empty) in each row.
 
-    ``source``: a local .jsonl/.json/.parquet file or dataset directory, else a hub id. ValueError naming the
+    ``source``: a local .jsonl/.json/.parquet file or dataset directory, ``easy-arithmetic`` (the bundled set,
+    :mod:`oar.easy_arithmetic`), else a hub id. ValueError naming the
     file and line of malformed JSON, an empty dataset, a missing column, or the row and column of a bad value.
     """
     import datasets
 
+    from oar.easy_arithmetic import EASY_ARITHMETIC, easy_arithmetic_rows
+
     path = Path(source).expanduser()
     looks_local = path.suffix in (".jsonl", ".json", ".parquet") or source.startswith(("/", ".", "~"))
-    if path.is_file():
+    if source == EASY_ARITHMETIC and not path.exists():  # the bundled set (oar.easy_arithmetic)
+        ds = datasets.Dataset.from_list(easy_arithmetic_rows())
+    elif path.is_file():
         if path.suffix != ".parquet":
             _check_json_file(path)
         fmt = "parquet" if path.suffix == ".parquet" else "json"
