@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--regime", help="lab regime (oar.lab.regimes): default, terse, long, distract, verbose, chain10, "
                    "or long-b16, the headroom cell, which also sets its batch shape, lr, budget and evaluation "
                    "(--quick keeps its own budget and evaluation)")
+    p.add_argument("--lab", default="char", choices=("char", "smollm2"),
+                   help="the model: 'char', the character lab's tiny model (default), or 'smollm2', the "
+                   "language-model lab (SmolLM2-135M-Instruct through its chat template, its own warm start, "
+                   "recipe and protocol; a --regime gives it its task only)")
     p.add_argument("--workers", type=int, default=2, help="parallel single-thread runs (default 2)")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
     p.add_argument("--resume", action="store_true",
@@ -49,6 +53,6 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"clock": args.clock, **({"max_steps": args.max_steps} if args.max_steps is not None else {})}
     results = compare(args.out, preset=args.preset, credits=credits, seeds=args.seeds, budget_s=args.budget,
                       verbosity=args.verbosity, workers=args.workers, resume=args.resume, regime=args.regime,
-                      run_overrides=overrides, verbose=args.verbose, imports=tuple(args.modules))
+                      run_overrides=overrides, verbose=args.verbose, imports=tuple(args.modules), lab=args.lab)
     print_summary(results, args.out)
     return 0

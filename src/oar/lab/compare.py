@@ -21,6 +21,7 @@ from pathlib import Path
 
 from oar.credit import credit_column, import_modules
 from oar.files import atomic_write, read_jsonl
+from oar.lab.lm import LABS, LM_PROTOCOL, LM_QUICK, LM_QUICK_WARM_STEPS, LM_RECIPE, LMWarmStartConfig, lm_warm_start
 from oar.lab.run import RunConfig, credit_defaults, train_lab
 from oar.lab.summary import format_results_table, summarize_comparison
 from oar.lab.warmstart import WarmStartConfig, warm_start
@@ -146,25 +147,35 @@ def _job(args: tuple[RunConfig, str, str | None]) -> dict:
 
 
 def base_config(preset: str = "default", budget_s: float | None = None, verbosity: int | None = None,
-                warm: WarmStartConfig | None = None, run_overrides: dict | None = None,
-                regime: str | None = None) -> RunConfig:
+                warm: WarmStartConfig | LMWarmStartConfig | None = None, run_overrides: dict | None = None,
+                regime: str | None = None, lab: str = "char") -> RunConfig:
     """The :class:`RunConfig` every run of a comparison starts from (credit and seed still to set): the preset's
     budget and evaluation, then the regime's task and recipe (and its protocol unless the preset is a smoke one),
-    ``verbosity``, ``run_overrides`` and ``budget_s``, in that order of precedence. ValueError naming a bad preset,
-    regime or field value."""
+    ``verbosity``, ``run_overrides`` and ``budget_s``, in that order of precedence. ``lab``: ``"char"`` (the
+    character lab) or a pretrained LM (:data:`oar.lab.lm.LM_MODELS`), whose own recipe and protocol replace the
+    preset's and the regime's (a regime gives it its task only). ValueError naming a bad preset, lab, regime or
+    field value."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
+    if lab not in LABS:
+        raise ValueError(f"lab must be one of {LABS}, got {lab!r}")
     p = PRESETS[preset]
     warm = warm or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
     fields = {"budget_s": p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,
               "eval_k": p.eval_k, **p.run}
     if regime is not None:
-        from oar.lab.regimes import apply_regime, get_regime
+        from oar.lab.regimes import get_regime
 
-        warm = apply_regime(warm, regime)  # ValueError naming the registered regimes
-        fields.update(get_regime(regime).recipe)
-        if not p.smoke:
-            fields.update(get_regime(regime).protocol)
+        warm = replace(warm, task=replace(warm.task, **get_regime(regime).task))  # ValueError naming the regimes
+        if lab == "char":
+            fields.update(get_regime(regime).recipe)
+            if not p.smoke:
+                fields.update(get_regime(regime).protocol)
+    if lab != "char" and not isinstance(warm, LMWarmStartConfig):
+        warm = LMWarmStartConfig(model=lab, task=warm.task, **({"steps": LM_QUICK_WARM_STEPS} if p.smoke else {}))
+    if lab != "char":
+        fields.update(LM_RECIPE)
+        fields.update(LM_QUICK if p.smoke else LM_PROTOCOL)
     if verbosity is not None:
         warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
     fields.update(run_overrides or {})
@@ -178,7 +189,7 @@ def compare(
     seeds: int | None = None, budget_s: float | None = None, verbosity: int | None = None, workers: int = 2,
     warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None, report: bool = True,
     run_overrides: dict | None = None, resume: bool = False, regime: str | None = None, progress: bool = True,
-    verbose: bool = False, imports: tuple[str, ...] = (),
+    verbose: bool = False, imports: tuple[str, ...] = (), lab: str = "char",
 ) -> dict:
     """Run every (credit, seed) of ``preset`` (overridden by the arguments) and write the results.
 
@@ -191,6 +202,7 @@ def compare(
     ``progress``: draw the live table (warm start, then one line per run; :class:`oar.progress.RunTable`).
     ``verbose``: keep the libraries' own warnings, logs and progress bars (:func:`oar.quiet.quiet_libraries`).
     ``imports``: modules registering credit methods (``--import``), imported here and in every worker.
+    ``lab``: ``"char"`` or a pretrained LM (``"smollm2"``: the language-model lab, :mod:`oar.lab.lm`).
 
     Returns the results object (also in ``out_dir/results.json``; table in ``out_dir/results.md``).
     """
@@ -206,7 +218,7 @@ def compare(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     base = base_config(preset, budget_s=budget_s, verbosity=verbosity, warm=warm, run_overrides=run_overrides,
-                       regime=regime)
+                       regime=regime, lab=lab)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from rich.live import Live
@@ -230,7 +242,8 @@ def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[s
         live.update(view)
     t0 = time.perf_counter()
     view.update(WARM_START_ROW, status="running", note="loading")
-    _, _, warm_path = warm_start(warm, cache_dir, report=lambda **f: view.update(WARM_START_ROW, **f))
+    build = lm_warm_start if isinstance(warm, LMWarmStartConfig) else warm_start
+    _, _, warm_path = build(warm, cache_dir, report=lambda **f: view.update(WARM_START_ROW, **f))
     warm_s = time.perf_counter() - t0  # once, before the workers (they load the cache)
     cached = view.rows[WARM_START_ROW].step == 0
     view.update(WARM_START_ROW, status="cached" if cached else "done",
