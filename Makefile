@@ -6,7 +6,8 @@ export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup compare test lint bench gpu-check gpu-bundle gpu-rehearsal clean test-verl test-low gpu-verl
+.PHONY: setup compare test test-rest test-all lint bench gpu-check gpu-bundle gpu-rehearsal clean test-verl test-low \
+	gpu-verl
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -23,11 +24,20 @@ setup: $(STAMP)
 compare: $(STAMP)
 	$(VENV)/bin/oar compare --out runs/compare
 
+# the fast tier: every test without a heavy marker (pyproject.toml: slow, ddp, browser, smollm2, gpu), no browser,
+# a few minutes on one core; test-rest runs exactly the others (CI runs both), test-all every test in one run
+FAST_TESTS := not slow and not ddp and not browser and not smollm2 and not gpu
 test: $(STAMP)
+	$(PY) -m pytest -q -m "$(FAST_TESTS)"
+
+test-rest: $(STAMP)
+	$(PY) -m pytest -q -m "not ($(FAST_TESTS))"
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks checks docs/studies
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_reshape.py
@@ -66,7 +76,7 @@ test-low: $(LOW_VENV)/.installed
 # the script's header): a short GSM8K-style GRPO run of verl with OAR-G. The lent GPU machine has neither vLLM nor
 # Ray, and they do not fit its 64 MiB carry limit (docs/scaling.md)
 gpu-verl:
-	bash benchmarks/gpu_verl.sh
+	bash checks/gpu_verl.sh
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) $(LOW_VENV) $(GPU_BUNDLE) $(REHEARSAL) .pytest_cache .ruff_cache
@@ -74,7 +84,7 @@ clean:
 # one GPU, < 8 minutes: GRPO step and OAR scorers at Qwen2.5-1.5B's shape (runs/gpu_check.json/.md), in oar's own
 # environment on a GPU machine of your own; CPU: --smoke. On the lent machine: gpu-bundle, then gpu_run.sh
 gpu-check: $(STAMP)
-	$(PY) benchmarks/gpu_check.py --out runs/gpu_check
+	$(PY) checks/gpu_check.py --out runs/gpu_check
 
 # the wheels gpu_check.py needs that the lent GPU machine's image lacks (requirements-gpu-bundle.txt), for CPython
 # 3.12 on x86-64 Linux, carried there as .gpu-bundle (docs/scaling.md: the device command)
@@ -104,13 +114,13 @@ $(REHEARSAL)/image/.installed: requirements-gpu-image.txt
 	touch $@
 
 gpu-rehearsal: $(REHEARSAL)/image/.installed $(GPU_BUNDLE)/.complete
-	$(REHEARSAL)/image/bin/python benchmarks/gpu_stack.py --absent $(GPU_BUNDLE)
+	$(REHEARSAL)/image/bin/python checks/gpu_stack.py --absent $(GPU_BUNDLE)
 	rm -rf $(REHEARSAL)/out
 	if unshare -n true 2>/dev/null; then offline="unshare -n"; else \
 		offline="env http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9 HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9"; fi; \
 	echo "gpu-rehearsal: offline through: $$offline"; \
 	$$offline env PYTHON=$(REHEARSAL)/image/bin/python BUNDLE=$(GPU_BUNDLE) OUT=$(REHEARSAL)/out \
-		VENV=$(REHEARSAL)/venv bash benchmarks/gpu_run.sh --smoke
+		VENV=$(REHEARSAL)/venv bash checks/gpu_run.sh --smoke
 	$(REHEARSAL)/venv/bin/python -c "import json; r = json.load(open('$(REHEARSAL)/out/gpu_check.json')); \
 		assert all(v['pass'] for v in r['exactness'].values() if isinstance(v, dict)), r['exactness']; \
 		assert all('step_time' in v for v in r['steps'].values()), r['steps']; \

@@ -22,9 +22,10 @@ import time
 
 import torch
 
-from _probes import PeakMemory, build_model, make_probes
+from _probes import build_model, make_probes
 from oar import perturbation_scores
 from oar.importance import perturbation_scores_naive
+from oar.peak_memory import PeakMemory
 
 
 def setup(args: argparse.Namespace, method: str):

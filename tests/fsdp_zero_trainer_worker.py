@@ -19,9 +19,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm  # noqa: E402
+from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm
 
 
 def keep_fsdp_and_deepspeed_on_cpu() -> None:

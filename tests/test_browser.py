@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import require
+from helpers import require
 from oar.viz.html import write_html
 from oar.viz.style import token_rgb, weight_range
 from test_viz import make_record

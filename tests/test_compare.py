@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -261,15 +260,11 @@ def test_headroom_metrics_and_credit_efficiency(tmp_path):
     assert "Best oracle: oracle-blame" in table and "| 0.25 [0.00, 0.50] @30 | 0.22 [" in table
 
 
-def test_efficiency_table_applies_the_declared_claim_rule(tmp_path, capsys):
-    """benchmarks/efficiency_table.py: a credit captures headroom only with its Welch CI and its efficiency
-    interval both above 0; "below GRPO" when the Welch CI lies under 0; the table, JSON and plot are written."""
-    import importlib.util
+def test_efficiency_table_applies_the_declared_claim_rule(tmp_path):
+    """oar.lab.efficiency: a credit captures headroom only with its Welch CI and its efficiency interval both above
+    0; "below GRPO" when the Welch CI lies under 0; the table, JSON and plot are written."""
+    from oar.lab import efficiency as eff
 
-    spec = importlib.util.spec_from_file_location(
-        "efficiency_table", Path(__file__).parent.parent / "benchmarks" / "efficiency_table.py")
-    eff = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(eff)
     up, flat, down = {"mean": 0.1, "ci95": 0.05}, {"mean": 0.1, "ci95": 0.2}, {"mean": -0.1, "ci95": 0.05}
     assert eff.verdict(up, {"mean": 0.5, "lo": 0.1, "hi": 0.9}) == "captures headroom"
     assert eff.verdict(up, {"mean": 0.5, "lo": -0.1, "hi": 0.9}) == "not distinguishable"
@@ -286,7 +281,7 @@ def test_efficiency_table_applies_the_declared_claim_rule(tmp_path, capsys):
     results["config"] = {"prompts_per_step": 4, "group_size": 4}
     (out / "results.json").write_text(json.dumps(results))
     (out / "results.md").write_text(format_results_table(results))
-    assert eff.main([str(out), "--out", str(tmp_path / "eff")]) == 0
+    assert eff.write_efficiency(out, tmp_path / "eff") == tmp_path / "eff" / "efficiency.md"
     rows = {r["credit"]: r for r in json.loads((tmp_path / "eff" / "efficiency.json").read_text())["rows"]}
     assert rows["oracle-process"]["verdict_updates"] == "captures headroom"
     assert rows["oar-g"]["verdict_updates"] == "below GRPO" and rows["oar-g"]["efficiency_updates"]["mean"] < 0
@@ -311,9 +306,9 @@ def test_efficiency_table_applies_the_declared_claim_rule(tmp_path, capsys):
     assert rows["oracle-process"]["verdict_budget"] == f"no budget view (every run stopped at {min(steps)} updates)"
     assert "not equal compute" in eff.markdown(capped, list(rows.values()))
     assert "not equal compute" not in (tmp_path / "eff" / "efficiency.md").read_text()
-    with pytest.raises(SystemExit):  # refused before anything is written
-        eff.main([str(out), "--out", str(out)])
-    assert "is the compare directory itself" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="is the compare directory itself"):  # refused before anything is written
+        eff.write_efficiency(out, out)
+    assert not (out / "efficiency.json").exists()
 
 
 def test_no_oracle_means_no_efficiency(tmp_path):

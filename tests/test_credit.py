@@ -115,11 +115,11 @@ def test_token_credit_oar_p_is_bilevel_of_the_probe_scores(char_tokenizer, tiny_
     probe = OutcomeProbe(char_tokenizer)
     batch = _batch(char_tokenizer, tiny_qwen2)
     tc = token_credit("oar-p", batch, probe=probe, batch_size=2, options={"tau": 0.3})
-    pb = probe.build(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    pb = probe(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
     raw = pb.to_completion(perturbation_scores(tiny_qwen2, pb.input_ids, pb.attention_mask, pb.reasoning_mask,
                                                pb.answer_mask))
     mask = pb.completion_reasoning_mask & pb.valid[:, None]
-    assert torch.equal(tc.mask, mask) and torch.equal(tc.answer_mask, pb.completion_answer_mask)
+    assert torch.equal(tc.mask, mask) and torch.equal(tc.answer_mask, pb.completion_statement_mask)
     assert torch.allclose(tc.scores, raw.masked_fill(~mask, 0), atol=1e-6)
     assert torch.allclose(tc.weights, bilevel_weights(tc.scores, mask, tau=0.3), atol=1e-6)
     assert torch.equal(tc.offsets, torch.zeros_like(tc.offsets))

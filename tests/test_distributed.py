@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import require
+from helpers import require
 from oar.credit import get_credit
 from oar.distributed import (
     dummy_probe,

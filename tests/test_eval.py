@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import oar.eval.run as eval_run
-from conftest import SHARED_DATA, make_tiny_lm, require
+from helpers import TEST_DATA as SHARED_DATA  # the vendored first rows of each benchmark
+from helpers import make_tiny_lm, require
 from oar.cli import main as cli_main
 from oar.eval import (
     BENCHMARKS,

@@ -1,7 +1,7 @@
 """Fault injection, fast cases: stale files, killed parents, non-finite rewards, resume exactness, bad input.
 
 The kill-and-resume trials of ``oar train`` (SIGKILL during steps and saves, for every credit) are in
-``benchmarks/faults.py``; their figures are in docs/robustness.md.
+``checks/faults.py``; their figures are in docs/robustness.md.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_compare_pool_workers_die_with_their_parent():
 
 
 def _eval_config(out, **kw):
-    from conftest import SHARED_DATA
+    from helpers import TEST_DATA as SHARED_DATA
     from oar.eval.run import EvalConfig
 
     return EvalConfig(**{**dict(model="tiny", benchmarks="gsm8k", data_dir=SHARED_DATA, limit=6, samples=2,
@@ -118,7 +118,7 @@ def _eval_config(out, **kw):
 
 def test_sampled_eval_resume_draws_the_same_samples(monkeypatch, tmp_path, char_tokenizer):
     """A sampled eval killed after its first batch and resumed writes the uninterrupted run's completions."""
-    from conftest import make_tiny_lm
+    from helpers import make_tiny_lm
     from oar.eval import run as eval_run
     from oar.eval.generation import HFGenerator
     from oar.eval.run import evaluate, read_samples
@@ -169,7 +169,7 @@ def test_a_failed_eval_does_not_block_the_corrected_rerun(monkeypatch, tmp_path)
 
 @pytest.mark.parametrize("blocked", ["file", "under a file"])
 def test_eval_output_dir_blocked_by_a_file_is_one_line(tmp_path, capsys, blocked):
-    from conftest import SHARED_DATA
+    from helpers import TEST_DATA as SHARED_DATA
     from oar.cli import main
 
     (tmp_path / "f").write_text("x")

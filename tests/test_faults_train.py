@@ -249,16 +249,13 @@ def test_yaml_type_check_accepts_what_argparse_converts(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_during_a_checkpoint_save_then_resume(tmp_path):
-    """One real trial of benchmarks/faults.py: ``oar train`` (OAR-G) SIGKILLed while a checkpoint is being
+    """One real trial of checks/faults.py: ``oar train`` (OAR-G) SIGKILLed while a checkpoint is being
     written, then ``--resume``: complete checkpoints only, metrics exactly steps 1..N, bit-identical weights."""
-    import importlib.util
     import random
     import subprocess
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("faults", Path(__file__).parent.parent / "benchmarks" / "faults.py")
-    faults = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(faults)
+    from checks import faults
+
     config = faults.workspace(tmp_path)
     subprocess.run(faults._cmd(config, tmp_path / "ref", "oar-g", False), env=faults._env(), check=True,
                    capture_output=True)

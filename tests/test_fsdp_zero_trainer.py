@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import require
+from helpers import require
 
 pytest.importorskip("trl")
 

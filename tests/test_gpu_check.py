@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from checks import gpu_check
 
 
 def test_gpu_check_smoke_writes_every_section(tmp_path):
-    import gpu_check
-
     res = gpu_check.main(["--smoke", "--out", str(tmp_path / "check")])
     saved = json.loads((tmp_path / "check.json").read_text())
     assert saved["setup"]["smoke"] and saved["setup"]["shape"]["group"] == 4
@@ -44,8 +39,6 @@ def test_gpu_check_smoke_writes_every_section(tmp_path):
 
 
 def test_gpu_check_rejects_an_unknown_credit_before_building_anything(tmp_path):
-    import gpu_check
-
     with pytest.raises(ValueError, match="unknown credit 'oar-x'"):
         gpu_check.main(["--smoke", "--credits", "grpo,oar-x", "--out", str(tmp_path / "check")])
     assert not (tmp_path / "check.json").exists()

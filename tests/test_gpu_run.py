@@ -1,4 +1,4 @@
-"""The lent GPU machine's bundle (requirements-gpu-bundle.txt) and its one command (benchmarks/gpu_run.sh): the
+"""The lent GPU machine's bundle (requirements-gpu-bundle.txt) and its one command (checks/gpu_run.sh): the
 bundle's pins are the tested ones, the bundle and the image hold every requirement, and the command and its stack
 report fail clearly. The end-to-end rehearsal, offline, is ``make gpu-rehearsal`` (docs/scaling.md)."""
 
@@ -8,16 +8,15 @@ import importlib.metadata as md
 import os
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from checks import gpu_stack
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -62,8 +61,6 @@ def fake_distribution(site: Path, name: str, requires: list[str]) -> None:
 
 
 def test_stack_reports_each_unmet_requirement_of_a_bundled_package(tmp_path, monkeypatch):
-    import gpu_stack
-
     fake_distribution(tmp_path, "oar_fake_pkg", ["pytest<1", "oar-no-such-package>=2", "pytest>=1",
                                                   'oar-no-such-package; extra == "x"'])
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -74,8 +71,6 @@ def test_stack_reports_each_unmet_requirement_of_a_bundled_package(tmp_path, mon
 
 
 def test_stack_absent_fails_naming_a_bundled_package_already_installed(tmp_path, capsys):
-    import gpu_stack
-
     (tmp_path / "oar_no_such_package-1.0-py3-none-any.whl").touch()
     assert gpu_stack.main(["--absent", str(tmp_path)]) == 0
     (tmp_path / "pytest-1.0-py3-none-any.whl").touch()
@@ -88,7 +83,7 @@ def test_stack_absent_fails_naming_a_bundled_package_already_installed(tmp_path,
 def test_gpu_run_without_a_bundle_fails_in_one_line_before_building_anything(tmp_path):
     (tmp_path / "bundle").mkdir()
     env = dict(os.environ, BUNDLE=str(tmp_path / "bundle"), VENV=str(tmp_path / "venv"), OUT=str(tmp_path / "out"))
-    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_run.sh"), "--smoke"], env=env, capture_output=True,
+    r = subprocess.run(["bash", str(ROOT / "checks" / "gpu_run.sh"), "--smoke"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == f"gpu_run: no wheels in BUNDLE={tmp_path / 'bundle'} (run 'make gpu-bundle' here " \

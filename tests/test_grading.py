@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import oar.grading.verify as grading  # the helper pool's internals
-from conftest import SHARED_DATA
+from helpers import TEST_DATA as SHARED_DATA  # the vendored first rows of each benchmark
+from helpers import shared_data
 from oar.grading import (
     extract_answer,
     format_reward,
@@ -30,8 +31,8 @@ BENCHMARK_FILES = ["gsm8k/test.jsonl", "math500/test.jsonl", "aime24/test.jsonl"
                    "minerva_math/test.jsonl", "olympiadbench/test.jsonl"]
 
 
-def _rows(rel: str) -> list[dict]:
-    path = Path(SHARED_DATA, rel)
+def _rows(rel: str, data: str = SHARED_DATA) -> list[dict]:
+    path = Path(data, rel)
     if not path.is_file():
         pytest.fail(f"shared benchmark file missing: {path}")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -50,7 +51,7 @@ def _latex_variant(gold: str) -> str | None:
 
 @pytest.mark.parametrize("rel", BENCHMARK_FILES)
 def test_every_gold_answer_matches_its_canonical_forms(rel):
-    rows = _rows(rel)
+    rows = _rows(rel, shared_data())  # every row of the full file
     golds = [gold_answer(r) for r in rows]
     raws = [_raw_gold(r) for r in rows] if "minerva" not in rel else golds  # Minerva: only a solution
     forms = [

@@ -1,14 +1,8 @@
-"""benchmarks/greedy_drop.py: the failure classes of a greedy lab completion and the token kinds."""
+"""oar.lab.task's failure classes of a lab completion and token kinds (the greedy-drop study's, docs/studies)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-from greedy_drop import greedy_failure, token_kinds  # noqa: E402
-from oar.lab.task import TaskConfig, make_split  # noqa: E402
+from oar.lab.task import TaskConfig, failure_kind, make_split, token_kinds
 
 PROMPT = "57+8-6+9="  # 65, 59, 68
 
@@ -26,7 +20,7 @@ def test_each_failure_class():
         "57+08=65; 65-6=58; \\boxed{58}": "wrong c",  # a zero-padded operand is still the prompt's operand
     }
     for completion, expected in cases.items():
-        assert greedy_failure(PROMPT, completion, 68) == expected, completion
+        assert failure_kind(PROMPT, completion, 68) == expected, completion
 
 
 def test_token_kinds_split_pivotal_digits_by_role():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import oar
-from conftest import make_tiny_lm
+from helpers import make_tiny_lm
 from oar import entropy_scores, random_scores, uniform_scores
 from test_importance_perturbation import inputs, probe_batch
 

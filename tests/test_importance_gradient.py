@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_lm
+from helpers import make_tiny_lm
 from oar import gradient_scores, perturbation_scores
 from test_importance_perturbation import inputs, probe_batch, sharpen
 

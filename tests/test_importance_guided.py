@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import make_tiny_lm
+from helpers import make_tiny_lm
 from oar import gradient_scores, perturbation_scores
 from oar.credit import CreditBatch, get_credit, token_credit
 from oar.importance.guided import calibrate, guided_perturbation_scores, top_fraction

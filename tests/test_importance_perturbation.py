@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_lm
+from helpers import make_tiny_lm
 from oar import OutcomeProbe, perturbation_scores, rollout_tensors
-from oar.importance import perturbation_scores_naive
+from oar.importance import line_segments, perturbation_scores_naive
 
 MODES = ("last", "answer_mean", "answer_joint")
 PROMPTS = ["What is 3+4?", "Compute 12*3, show work", "Q"]
@@ -107,7 +107,7 @@ def test_span_windows(char_tokenizer, sharp_qwen2):
     model = sharp_qwen2
     token = perturbation_scores(model, *inputs(pb))
     assert_exact(perturbation_scores(model, *inputs(pb), span=1), token)
-    for span in (3, OutcomeProbe(tok).line_segments(pb)):
+    for span in (3, line_segments(pb.input_ids, pb.reasoning_mask, tok)):
         fast = perturbation_scores(model, *inputs(pb), span=span, chunk_size=2)
         assert_exact(fast, perturbation_scores_naive(model, *inputs(pb), span=span))
     by3 = perturbation_scores(model, *inputs(pb), span=3)

@@ -19,7 +19,7 @@ def _probes(tok, prompt_side: str = "left", conclude: str = "\\boxed{"):
     p = tok(PROMPTS, return_tensors="pt", padding=True)
     tok.padding_side = "right"
     c = tok([x + tok.eos_token for x in COMPLETIONS], return_tensors="pt", padding=True)
-    return p, c, OutcomeProbe(tok, conclude=conclude).build(p.input_ids, p.attention_mask, c.input_ids,
+    return p, c, OutcomeProbe(tok, conclude=conclude)(p.input_ids, p.attention_mask, c.input_ids,
                                                           c.attention_mask)
 
 

@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from conftest import SHARED_DATA, require
+from helpers import TEST_DATA as SHARED_DATA  # the vendored first rows of each benchmark
+from helpers import require
 from oar import OutcomeProbe, gradient_scores, perturbation_scores
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]

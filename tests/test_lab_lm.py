@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from conftest import require
+from helpers import require
 from oar.lab.lm import (
     LABEL_PRIORITY,
     LMWarmStartConfig,
@@ -140,7 +140,7 @@ def test_sft_rows_train_on_the_assistant_turn_only(chat_char_tokenizer):
 
 def test_sft_loss_equals_the_full_logits_loss(chat_char_tokenizer):
     """Logits for the last positions only give the loss of the full forward with left-padded positions."""
-    from conftest import make_tiny_lm
+    from helpers import make_tiny_lm
     from oar.lab.lm import sft_loss
 
     tok = chat_char_tokenizer

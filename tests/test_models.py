@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import make_tiny_lm, require
+from helpers import make_tiny_lm, require
 from oar.cache import cache_dir
 from oar.models import load_model_and_tokenizer, resolve_model
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from oar import OutcomeProbe, ProbeBatch, rollout_tensors
+from oar.importance import line_segments
 from oar.probe import DEFAULT_CONCLUDE
 
 
@@ -48,7 +49,7 @@ def test_reasoning_tokens_are_the_completions_own_ids(char_tokenizer):
     assert torch.equal(pb.completion_index[pb.reasoning_mask], torch.arange(6))
     assert (pb.completion_index[~pb.reasoning_mask] == -1).all()
     assert pb.completion_reasoning_mask[0].tolist() == [True] * 6 + [False] * 9
-    assert pb.completion_answer_mask[0].tolist() == [False] * 6 + [True] * 9
+    assert pb.completion_statement_mask[0].tolist() == [False] * 6 + [True] * 9
 
 
 def test_to_completion_maps_scores_back(char_tokenizer):
@@ -73,7 +74,7 @@ def test_no_answer_and_too_short_are_flagged(char_tokenizer):
     assert pb.too_short.tolist() == [False, True, True, False]
     assert not pb.valid.any()
     assert not pb.reasoning_mask.any() and not pb.answer_mask.any()
-    assert not pb.completion_reasoning_mask.any() and not pb.completion_answer_mask.any()
+    assert not pb.completion_reasoning_mask.any() and not pb.completion_statement_mask.any()
     assert (pb.attention_mask.sum(dim=1) >= 1).all()  # an invalid row still runs through a model
 
 
@@ -115,7 +116,7 @@ def test_pad_id_equal_to_eos_id(char_tokenizer):
     pb = OutcomeProbe(tok, pad_id=eos)(prompt_ids, prompt_mask, completion_ids, completion_mask)
     assert pb.valid.all()
     assert text(tok, pb.input_ids[0], pb.attention_mask[0]) == "Hix=1\n" + DEFAULT_CONCLUDE + "1}"
-    assert pb.completion_answer_mask[0].tolist() == [False] * 4 + [True] * 10 + [False] * 2
+    assert pb.completion_statement_mask[0].tolist() == [False] * 4 + [True] * 10 + [False] * 2
     assert (pb.input_ids[0][~pb.attention_mask[0].bool()] == eos).all()
 
 
@@ -165,7 +166,7 @@ def test_line_segments(char_tokenizer):
     tok = char_tokenizer
     probe = OutcomeProbe(tok)
     pb = probe(*rollout(tok, ["Q"], ["ab\ncd\ne\\boxed{1}"]))
-    seg = probe.line_segments(pb)
+    seg = line_segments(pb.input_ids, pb.reasoning_mask, tok)
     assert seg[0][pb.reasoning_mask[0]].tolist() == [0, 0, 0, 1, 1, 1, 2]
     assert (seg[~pb.reasoning_mask] == -1).all()
 

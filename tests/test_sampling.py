@@ -9,7 +9,7 @@ import torch
 from datasets import Dataset
 from transformers import GenerationConfig
 
-from conftest import make_tiny_lm
+from helpers import make_tiny_lm
 from oar.sampling import RolloutCopy, draw, plain_sampling, sample_tokens
 from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm
 

@@ -174,7 +174,7 @@ def test_oar_per_token_advantages(tmp_path, char_tokenizer, credit, answer_sourc
     assert torch.equal(adv[~active], torch.zeros_like(adv[~active]))
 
     # where the reasoning is does not depend on the answer source
-    probe = OutcomeProbe(char_tokenizer).build(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
+    probe = OutcomeProbe(char_tokenizer)(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
                                                batch["completion_mask"])
     reasoning = probe.completion_reasoning_mask & probe.valid[:, None] & active[:, None]
     reshaped = 0

@@ -226,7 +226,7 @@ def test_trl_rollout_shares_each_prefix_cache_and_caps_the_budget():
 
     from transformers import GenerationConfig
 
-    from conftest import make_tiny_lm
+    from helpers import make_tiny_lm
     from oar.lab.tokenizer import build_char_tokenizer
     from oar.trl_rollout import TRLContinuations
 

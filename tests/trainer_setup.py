@@ -13,7 +13,7 @@ import random
 
 import torch
 
-from conftest import make_tiny_lm
+from helpers import make_tiny_lm
 from oar.answer_span import locate_answer
 
 

@@ -18,6 +18,7 @@ import torch
 from oar.answer_span import ANSWER_PHRASES, BOX_MARKERS, locate_answer
 
 DEFAULT_CONCLUDE = "\n\nTherefore, the final answer is \\boxed{"
+ANSWER_SOURCES = ("completion", "reference")  # the probe's answer: the completion's own, or the dataset's
 
 
 @dataclass
@@ -27,7 +28,7 @@ class ProbeBatch:
     ``input_ids`` / ``attention_mask``: ``[B, L]`` long. ``reasoning_mask`` / ``answer_mask``: ``[B, L]``
     bool, the reasoning tokens and the answer tokens (not the closing ``}``). ``completion_index``:
     ``[B, L]`` long, the completion position of each reasoning token, -1 elsewhere.
-    ``completion_reasoning_mask`` / ``completion_answer_mask``: ``[B, T]`` bool, the reasoning tokens and
+    ``completion_reasoning_mask`` / ``completion_statement_mask``: ``[B, T]`` bool, the reasoning tokens and
     the final-answer statement (from its marker to the end of the completion) in completion coordinates.
     Flags ``[B]`` bool: ``no_answer`` (no final answer located, or an empty reference), ``too_short``
     (< 2 reasoning tokens), ``truncated`` (prompt cut from the left to fit ``max_length``), ``too_long``
@@ -41,7 +42,7 @@ class ProbeBatch:
     answer_mask: torch.Tensor
     completion_index: torch.Tensor
     completion_reasoning_mask: torch.Tensor
-    completion_answer_mask: torch.Tensor
+    completion_statement_mask: torch.Tensor
     valid: torch.Tensor
     no_answer: torch.Tensor
     too_short: torch.Tensor
@@ -113,14 +114,73 @@ def _prefix_mask_length(mask: torch.Tensor, name: str) -> torch.Tensor:
     return n
 
 
+@dataclass(frozen=True)
+class _RowLayout:
+    """One completion's probe before padding: its ids (a single pad id for an invalid row) and where its parts are.
+
+    Probe positions: the reasoning is ``[reasoning_start, reasoning_start + reasoning_len)``, the answer
+    ``[answer_start, answer_start + answer_len)``. Completion positions: ``completion_len`` real tokens, the
+    final-answer statement from ``statement_start`` (``completion_len`` when no answer was located).
+    """
+
+    ids: list[int]
+    reasoning_start: int
+    reasoning_len: int
+    answer_start: int
+    answer_len: int
+    completion_len: int
+    statement_start: int
+    no_answer: bool
+    too_short: bool
+    truncated: bool
+    too_long: bool
+
+
+def _assemble(rows: list[_RowLayout], completion_width: int, pad_id: int) -> ProbeBatch:
+    """Right-pad the row layouts into a :class:`ProbeBatch` (on the CPU): the masks from each row's named ``[B]``
+    starts and lengths, compared against position ranges, with no loop over tokens."""
+    B, L = len(rows), max(len(r.ids) for r in rows)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, L, dtype=torch.long)
+    for b, r in enumerate(rows):
+        input_ids[b, : len(r.ids)] = torch.tensor(r.ids, dtype=torch.long)
+        attention_mask[b, : len(r.ids)] = 1
+
+    def column(name: str, dtype: torch.dtype = torch.long) -> torch.Tensor:  # [B, 1]
+        return torch.tensor([getattr(r, name) for r in rows], dtype=dtype)[:, None]
+
+    reasoning_start, reasoning_len = column("reasoning_start"), column("reasoning_len")
+    answer_start, answer_len = column("answer_start"), column("answer_len")
+    completion_len, statement_start = column("completion_len"), column("statement_start")
+    flags = {k: column(k, torch.bool)[:, 0] for k in ("no_answer", "too_short", "truncated", "too_long")}
+    valid = ~(flags["no_answer"] | flags["too_short"] | flags["too_long"])
+
+    pos = torch.arange(L)[None, :]
+    reasoning_mask = (pos >= reasoning_start) & (pos < reasoning_start + reasoning_len)
+    t = torch.arange(completion_width)[None, :]
+    statement = (t >= statement_start) & (t < completion_len)
+    return ProbeBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        reasoning_mask=reasoning_mask,
+        answer_mask=(pos >= answer_start) & (pos < answer_start + answer_len),
+        completion_index=torch.where(reasoning_mask, pos - reasoning_start, -1),
+        completion_reasoning_mask=t < reasoning_len,
+        completion_statement_mask=statement & valid[:, None],
+        valid=valid,
+        **flags,
+    )
+
+
 class OutcomeProbe:
-    """Builds outcome probes (OAR_SPEC §2) from rollout token ids.
+    """Builds outcome probes (OAR_SPEC §2) from rollout token ids: ``probe(prompt_ids, prompt_mask, completion_ids,
+    completion_mask, references=None) -> ProbeBatch``.
 
     Args:
         tokenizer: a Hugging Face tokenizer (anything with ``decode`` and ``__call__``).
         conclude: text inserted between the reasoning and the answer; tokenized once.
-        answer_source: ``"completion"`` (the completion's own answer tokens) or ``"reference"`` (the
-            dataset's answer, tokenized).
+        answer_source: one of ``ANSWER_SOURCES``: ``"completion"`` (the completion's own answer tokens) or
+            ``"reference"`` (the dataset's answer, tokenized).
         max_length: longest probe; longer probes lose prompt tokens from the left (flag ``truncated``).
         box_markers / phrases: passed to :func:`oar.answer_span.locate_answer`.
         pad_id: id used for padding the probe; default the tokenizer's pad id (else eos, else 0).
@@ -136,7 +196,7 @@ class OutcomeProbe:
         phrases: tuple[str, ...] = ANSWER_PHRASES,
         pad_id: int | None = None,
     ) -> None:
-        if answer_source not in ("completion", "reference"):
+        if answer_source not in ANSWER_SOURCES:
             raise ValueError(f"answer_source must be 'completion' or 'reference', got {answer_source!r}")
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
@@ -151,7 +211,6 @@ class OutcomeProbe:
         if pad_id is None:
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad_id) if pad_id is not None else 0
-        self._newline_ids: torch.Tensor | None = None
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -163,6 +222,31 @@ class OutcomeProbe:
         if len0 == answer_start and len1 == answer_end and a1 > a0:
             return ids[a0:a1]
         return self._encode(text[answer_start:answer_end])
+
+    def _layout_row(self, prompt: list[int], completion: list[int], reference: str | None) -> _RowLayout:
+        """One row: locate the final answer in the completion's text, split reasoning from it, build
+        prompt ⊕ reasoning ⊕ conclude ⊕ answer ⊕ "}" (cutting the prompt from the left to ``max_length``) and
+        flag what makes the row invalid."""
+        text = _decode(self.tokenizer, completion)
+        span = locate_answer(text, self.box_markers, self.phrases)
+        answer: list[int] = []
+        r = 0
+        if span is not None:
+            r, _ = _tokens_before(self.tokenizer, completion, span.start)
+            if self.answer_source == "completion":
+                answer = self._answer_ids(completion, text, span.answer_start, span.answer_end)
+            else:
+                answer = self._encode(str(reference).strip())
+        tail = self.conclude_ids + answer + self.close_ids
+        excess = len(prompt) + r + len(tail) - self.max_length if self.max_length else 0
+        no_answer, too_short, too_long = not answer, bool(answer) and r < 2, excess > len(prompt)
+        common = dict(completion_len=len(completion), statement_start=r if span is not None else len(completion),
+                      no_answer=no_answer, too_short=too_short, truncated=excess > 0, too_long=too_long)
+        if no_answer or too_short or too_long:
+            return _RowLayout([self.pad_id], 0, 0, len(self.conclude_ids), 0, **common)
+        prompt = prompt[max(excess, 0) :]
+        return _RowLayout(prompt + completion[:r] + tail, len(prompt), r, len(prompt) + r + len(self.conclude_ids),
+                          len(answer), **common)
 
     def __call__(
         self,
@@ -189,84 +273,13 @@ class OutcomeProbe:
         B, T = completion_ids.shape
         if self.answer_source == "reference" and (references is None or len(references) != B):
             raise ValueError("answer_source='reference' needs one reference answer per completion")
-        device = completion_ids.device
-        prompt_mask, completion_mask = prompt_mask.bool(), completion_mask.bool()
-        n_completion = _prefix_mask_length(completion_mask, "completion_mask").tolist()
-        prompt_rows = prompt_ids.cpu().tolist()
-        prompt_keep = prompt_mask.cpu().tolist()
-        completion_rows = completion_ids.cpu().tolist()
-
-        flags = {k: [False] * B for k in ("no_answer", "too_short", "truncated", "too_long")}
-        rows: list[tuple[list[int], int, int, int]] = []  # probe ids, prompt len, reasoning len, answer len
-        n_reasoning, statement_start = [0] * B, [0] * B
-        for b in range(B):
-            ids = completion_rows[b][: n_completion[b]]
-            text = _decode(self.tokenizer, ids)
-            span = locate_answer(text, self.box_markers, self.phrases)
-            answer: list[int] = []
-            r = 0
-            if span is not None:
-                r, _ = _tokens_before(self.tokenizer, ids, span.start)
-                if self.answer_source == "completion":
-                    answer = self._answer_ids(ids, text, span.answer_start, span.answer_end)
-                else:
-                    answer = self._encode(str(references[b]).strip())
-            statement_start[b] = r if span is not None else n_completion[b]
-            prompt = [t for t, k in zip(prompt_rows[b], prompt_keep[b], strict=True) if k]
-            tail = self.conclude_ids + answer + self.close_ids
-            excess = len(prompt) + r + len(tail) - self.max_length if self.max_length else 0
-            flags["no_answer"][b] = not answer
-            flags["too_short"][b] = bool(answer) and r < 2
-            flags["truncated"][b] = excess > 0
-            flags["too_long"][b] = excess > len(prompt)
-            if flags["no_answer"][b] or flags["too_short"][b] or flags["too_long"][b]:
-                rows.append(([self.pad_id], 0, 0, 0))
-                continue
-            prompt = prompt[max(excess, 0) :]
-            n_reasoning[b] = r
-            rows.append((prompt + ids[:r] + tail, len(prompt), r, len(answer)))
-
-        L = max(len(r[0]) for r in rows)
-        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros(B, L, dtype=torch.long)
-        starts = torch.zeros(B, 3, dtype=torch.long)  # reasoning start, answer start, answer length
-        for b, (probe, p, r, a) in enumerate(rows):
-            input_ids[b, : len(probe)] = torch.tensor(probe, dtype=torch.long)
-            attention_mask[b, : len(probe)] = 1
-            starts[b] = torch.tensor([p, p + r + len(self.conclude_ids), a])
-
-        pos = torch.arange(L)[None, :]
-        n_r = torch.tensor(n_reasoning, dtype=torch.long)[:, None]
-        reasoning_mask = (pos >= starts[:, :1]) & (pos < starts[:, :1] + n_r)
-        answer_mask = (pos >= starts[:, 1:2]) & (pos < starts[:, 1:2] + starts[:, 2:3])
-        completion_index = torch.where(reasoning_mask, pos - starts[:, :1], -1)
-        t = torch.arange(T)[None, :]
-        n_c = torch.tensor(n_completion, dtype=torch.long)[:, None]
-        flag_t = {k: torch.tensor(v, dtype=torch.bool) for k, v in flags.items()}
-        valid = ~(flag_t["no_answer"] | flag_t["too_short"] | flag_t["too_long"])
-        statement = (t >= torch.tensor(statement_start)[:, None]) & (t < n_c)
-        return ProbeBatch(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            reasoning_mask=reasoning_mask,
-            answer_mask=answer_mask,
-            completion_index=completion_index,
-            completion_reasoning_mask=t < n_r,
-            completion_answer_mask=statement & valid[:, None],
-            valid=valid,
-            **flag_t,
-        ).to(device)
-
-    build = __call__
-
-    def line_segments(self, batch: ProbeBatch) -> torch.Tensor:
-        """``[B, L]`` long: the reasoning line of each reasoning token (a line ends with a token holding
-        ``"\\n"``), -1 elsewhere. Pass it as ``span=`` to :func:`oar.perturbation_scores` (extension)."""
-        if self._newline_ids is None:
-            vocab = len(self.tokenizer)
-            pieces = self.tokenizer.batch_decode([[i] for i in range(vocab)], skip_special_tokens=False)
-            self._newline_ids = torch.tensor([i for i, s in enumerate(pieces) if "\n" in s], dtype=torch.long)
-        mask = batch.reasoning_mask
-        newline = torch.isin(batch.input_ids, self._newline_ids.to(mask.device)) & mask
-        before = newline.long().cumsum(dim=1) - newline.long()
-        return torch.where(mask, before, -1)
+        n_completion = _prefix_mask_length(completion_mask.bool(), "completion_mask").tolist()
+        prompt_keep = prompt_mask.bool().cpu().tolist()
+        rows = [
+            self._layout_row([t for t, k in zip(ids, keep, strict=True) if k], completion[:n],
+                             references[b] if self.answer_source == "reference" else None)
+            for b, (ids, keep, completion, n) in enumerate(zip(prompt_ids.cpu().tolist(), prompt_keep,
+                                                                completion_ids.cpu().tolist(), n_completion,
+                                                                strict=True))
+        ]
+        return _assemble(rows, T, self.pad_id).to(completion_ids.device)

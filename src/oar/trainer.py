@@ -28,12 +28,11 @@ from oar.checkpoints import STAGING_DIR
 from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token_credit
 from oar.credit.metrics import metric_totals, metrics_from_totals
 from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
-from oar.probe import DEFAULT_CONCLUDE
+from oar.probe import ANSWER_SOURCES, DEFAULT_CONCLUDE
 from oar.ranges import check_range
 from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
 
 PROBE_MODES = ("last", "answer_mean", "answer_joint")
-ANSWER_SOURCES = ("completion", "reference")
 # OARConfig fields handed to a credit method as these options, when the method declares them
 _OPTION_FIELDS = {"tau": "oar_tau", "beta": "oar_beta", "floor": "oar_floor", "mode": "probe_mode",
                   "noise_std": "noise_std", "chunk_size": "oar_chunk_size", "temperature": "temperature"}
@@ -42,7 +41,33 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class OARConfig(GRPOConfig):
-    """``GRPOConfig`` plus the OAR knobs (OAR_SPEC defaults). Every field loads from YAML via ``TrlParser``."""
+    """Configuration of :class:`OARGRPOTrainer`: TRL's ``GRPOConfig`` plus the fields below (OAR_SPEC's defaults).
+
+    Every field loads from YAML via ``TrlParser``; an invalid value raises ``ValueError`` naming the field and its
+    allowed range. Each field's ``help`` metadata says what it does: docs/training.md's field table is generated
+    from it, theme by theme as listed here (``python -m oar.config_table``; a test keeps the page equal).
+
+    Parameters:
+        > Which token credit
+
+        credit, credit_options
+
+        > Options of the credit method as fields (credit_options wins where both set one)
+
+        oar_tau, oar_beta, oar_floor, probe_mode, noise_std, oar_chunk_size
+
+        > The outcome probe (OAR_SPEC §2)
+
+        conclude_text, answer_source, reference_column, oar_max_probe_length
+
+        > Cost of the scoring pass
+
+        oar_batch_size
+
+        > Token-credit dumps
+
+        oar_dump_every, oar_dump_count
+    """
 
     credit: str = field(
         default="oar-g",
@@ -88,12 +113,14 @@ class OARConfig(GRPOConfig):
         metadata={"help": "OAR-P: perturbed positions per forward pass, >= 1; None = the scorer's default."},
     )
     oar_max_probe_length: int | None = field(
-        default=None, metadata={"help": "Truncate probes longer than this (tokens); None = no limit."}
+        default=None, metadata={"help": "Longest probe in tokens: a longer one loses prompt tokens from the left "
+                                        "(flag truncated); None = no limit."}
     )
     oar_dump_every: int = field(
         default=0,
-        metadata={"help": "Append token-credit records to OUTPUT_DIR/attributions.jsonl every N rollout "
-                          "batches (0 = never)."},
+        metadata={"help": "Every N rollout batches, append oar_dump_count scored completions' token credit "
+                          "(tokens, scores, weights, TRL's total reward, the advantage) to "
+                          "OUTPUT_DIR/attributions.jsonl (0 = never)."},
     )
     oar_dump_count: int = field(
         default=4, metadata={"help": "Completions per attribution dump, >= 1."}

@@ -104,7 +104,7 @@ def _probe_chunk(m: CreditMethod, batch: CreditBatch, idx: torch.Tensor, probe: 
                  flags: dict[str, torch.Tensor]) -> None:
     """Score rows ``idx`` on their outcome probes and write the results into the ``[B, T]`` outputs."""
     refs = [references[i] for i in idx.tolist()] if references is not None else None
-    pb = probe.build(batch.prompt_ids[idx], batch.prompt_mask[idx], batch.completion_ids[idx],
+    pb = probe(batch.prompt_ids[idx], batch.prompt_mask[idx], batch.completion_ids[idx],
                      batch.completion_mask[idx], references=refs)
     if pb.valid.any():
         s = _call(m.score, batch.model, pb.input_ids, pb.attention_mask, pb.reasoning_mask, pb.answer_mask,
@@ -114,6 +114,6 @@ def _probe_chunk(m: CreditMethod, batch: CreditBatch, idx: torch.Tensor, probe: 
     keep = pb.completion_reasoning_mask & pb.valid[:, None]
     scores[idx] = pb.to_completion(s.float()).masked_fill(~keep, 0.0)
     mask[idx] = keep
-    answer[idx] = pb.completion_answer_mask
+    answer[idx] = pb.completion_statement_mask
     for k in ("no_answer", "too_short", "too_long", "truncated"):
         flags[k][idx] = getattr(pb, k)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from oar.importance.baselines import entropy_scores, random_scores, uniform_scores
 from oar.importance.gradient import gradient_scores
-from oar.importance.perturbation import perturbation_scores, perturbation_scores_naive
+from oar.importance.perturbation import line_segments, perturbation_scores, perturbation_scores_naive
 
 __all__ = [
     "entropy_scores",
     "gradient_scores",
+    "line_segments",
     "perturbation_scores",
     "perturbation_scores_naive",
     "random_scores",

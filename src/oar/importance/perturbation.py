@@ -23,9 +23,22 @@ a row's whole cache.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from oar.importance._common import check_inputs, divergence, outcome, resolve_replace_id, scoring_mode
+
+
+def line_segments(input_ids: torch.Tensor, reasoning_mask: torch.Tensor, tokenizer: Any) -> torch.Tensor:
+    """``[B, L]`` long: the reasoning line of each reasoning token of a probe (a line ends with a token whose text
+    holds ``"\\n"``), -1 elsewhere; pass it as ``span=`` to :func:`perturbation_scores` (extension). Decodes the
+    tokenizer's vocabulary once per call to find the newline tokens."""
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    newline_ids = torch.tensor([i for i, s in enumerate(pieces) if "\n" in s], dtype=torch.long)
+    newline = torch.isin(input_ids, newline_ids.to(input_ids.device)) & reasoning_mask
+    before = newline.long().cumsum(dim=1) - newline.long()
+    return torch.where(reasoning_mask, before, -1)
 
 
 def _segments(reasoning_mask: torch.Tensor, span: int | torch.Tensor | None) -> torch.Tensor:
@@ -214,7 +227,7 @@ def perturbation_scores(
         replace_id: the counterfactual token; default the model config's pad id.
         chunk_size: perturbed copies per forward (bounds peak memory).
         span: extension, not in the paper. ``k`` replaces windows of k consecutive reasoning tokens at
-            once, a ``[B, L]`` long tensor of window ids (e.g. ``OutcomeProbe.line_segments``) replaces
+            once, a ``[B, L]`` long tensor of window ids (e.g. :func:`line_segments`) replaces
             each window; every token of a window gets the window's score (k-fold fewer forwards).
         horizon: extension, not in the paper. ``W >= 0``: a copy re-runs only the ``W`` positions after its window
             (later positions keep their clean keys/values) and the answer-reading positions; None: exact.

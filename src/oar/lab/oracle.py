@@ -3,7 +3,7 @@
 The lab knows what no scorer knows: which written step of a sampled completion is the first wrong one
 (:func:`oar.lab.task.first_wrong_step`) and which tokens the answer is computed from (the digits of the written
 steps, :func:`oar.lab.task.step_digit_positions`). Registered as credits when :mod:`oar.lab` is imported, they run
-under the same trainer, combine modes and controls as any other credit (docs/lab.md, "Credit headroom"):
+under the same trainer, combine modes and controls as any other credit (docs/lab.md, "Oracle credits"):
 
 - ``oracle-blame``: a failed completion (``A < 0``) with a wrong written step puts ``floor`` on its correct prefix
   and the rest of the mass (masked mean 1) on the first wrong step and everything after it; other rows uniform.

@@ -1,10 +1,10 @@
-"""Lab regimes: task settings where token credit may (or may not) be the bottleneck (docs/lab.md, protocol).
+"""Lab regimes: task settings where token credit may (or may not) be the bottleneck (docs/lab.md, "Regimes").
 
 A regime is a set of :class:`oar.lab.task.TaskConfig` overrides applied to the warm start's task (the RL
 problems use the same task without slips), and optionally the run settings of the study that defined it.
 ``default`` and ``terse`` are the control regimes of the first study; ``long``, ``distract`` and ``verbose`` are
 the regime study's; ``chain10`` is the headroom scan's; ``long-b16`` is the scan's confirmed cell, the one regime
-where perfect credit pays per update (docs/lab.md, "Credit headroom"; the gap closes late in a longer run):
+where perfect credit pays per update (docs/studies/headroom; the gap closes late in a longer run):
 ``long``'s task with its batch shape, learning rate, budget and evaluation, so ``oar compare --regime long-b16``
 reproduces the cell's runs.
 """
@@ -37,7 +37,7 @@ REGIMES: dict[str, Regime] = {
     "distract": Regime({"distractors": 1}),  # number-holding commentary the answer never uses
     "verbose": Regime({"verbosity": 3}),  # most tokens are filler
     "chain10": Regime({"min_steps": 8, "max_steps": 10}),  # the headroom scan's longest chains
-    # the headroom scan's confirmed cell (benchmarks/headroom_scan.py CELLS["long-b16"], a test keeps them equal)
+    # the headroom scan's confirmed cell (docs/studies/headroom; a test keeps it equal to the cell's stored config)
     "long-b16": Regime(LONG, recipe={"prompts_per_step": 4, "group_size": 4, "lr": 1e-4},
                        protocol={"budget_s": 100.0, "eval_every": 25, "eval_problems": 256, "eval_k": 2}),
 }

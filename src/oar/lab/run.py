@@ -27,7 +27,7 @@ CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.
 
 @dataclass(frozen=True)
 class RunConfig:
-    """RL recipe of one lab run (the tuned defaults; see docs/lab.md for what was tried).
+    """RL recipe of one lab run (the tuned defaults; docs/studies/first-study has what was tried).
 
     ``budget_s``: training seconds (evaluation excluded) after which the run stops; ``max_steps`` caps it too.
     ``clock``: how training seconds are counted: ``"cpu"``, the CPU time of the thread that trains (one torch thread, so
@@ -38,7 +38,7 @@ class RunConfig:
     ``save_model``: also write the final weights to ``run_dir/model.pt`` (a ``state_dict``; load it into the warm
     start's model).
     ``gradient_checkpointing``: off (TRL turns it on by default; a 0.25 M-parameter model does not need it, and
-    a GRPO step takes 0.97 s instead of 1.10 s without it, docs/lab.md).
+    a GRPO step takes 0.97 s instead of 1.10 s without it, docs/studies/first-study).
     ``warm``: the character lab's warm start, or the language-model lab's (:class:`oar.lab.lm.LMWarmStartConfig`:
     SmolLM2 in its chat template, trained under bf16 autocast over fp32 weights, rollouts and evaluation sampled
     from a bf16 copy of the policy, :class:`oar.sampling.RolloutCopy`).

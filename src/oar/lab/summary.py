@@ -91,7 +91,7 @@ def is_oracle(column: str) -> bool:
 
 
 def _add_headroom(per_run: dict, by_credit: dict, reference: str) -> None:
-    """Headroom metrics per credit, added to ``by_credit`` in place (docs/lab.md, "Credit headroom"):
+    """Headroom metrics per credit, added to ``by_credit`` in place (docs/lab.md, "headroom metrics"):
 
     ``auc_updates`` / ``auc_seconds``: mean held-out accuracy over the first ``matched_step`` updates / over the
     training seconds both credits ran (the normalised area under the curve), per credit and its Welch difference

@@ -243,6 +243,59 @@ def step_digit_positions(text: str) -> list[int]:
     return [i for m in written_steps(text) for g in (1, 3, 4) for i in range(m.start(g), m.end(g))]
 
 
+# the role of each character of a worked solution, finer than the labels: pivotal digits split by their role in a±b=c
+TOKEN_KINDS = ("result", "copied", "operand", "structure", "filler", "answer")
+
+
+def token_kinds(completion: str, labels: tuple[int, ...]) -> list[str]:
+    """One kind per character of a worked solution (``TOKEN_KINDS``): pivotal digits become ``copied`` (``a``),
+    ``operand`` (``b``) or ``result`` (``c``) of their step ``a±b=c``; the other labels keep their names."""
+    names = {STRUCTURE: "structure", FILLER: "filler", ANSWER: "answer", PIVOTAL: "pivotal"}
+    kinds = [names.get(lab, "other") for lab in labels]
+    for m in STEP_RE.finditer(completion):
+        for group, role in ((1, "copied"), (3, "operand"), (4, "result")):
+            for i in range(m.start(group), m.end(group)):
+                kinds[i] = role
+    return kinds
+
+
+def steps_from_end(completion: str, width: int) -> list[int]:
+    """``width`` entries: for each character of the completion the distance of its step from the answer (1 = the
+    last written step), 0 outside any step and past the completion."""
+    out = [0] * width
+    spans = [m.span() for m in STEP_RE.finditer(completion)]
+    for k, (lo, hi) in enumerate(spans):
+        out[lo:hi] = [len(spans) - k] * (hi - lo)
+    return out[:width]
+
+
+def failure_kind(prompt: str, completion: str, answer: int) -> str:
+    """Why a lab completion fails: ``right``; for the first wrong step (:func:`first_wrong_step`): ``step skipped``
+    (it does the next operation), ``extra step`` (past the prompt's operations), ``wrong a`` (not the previous
+    result), ``wrong b`` (not the prompt's operation) or ``wrong c`` (a slip in the result); ``steps right, box
+    wrong`` (every written step right: a step missing at the end, or the boxed value not the last result) or ``no
+    boxed answer``."""
+    if extract_int(completion) == answer:
+        return "right"
+    span = first_wrong_step(prompt, completion)
+    if span is None:
+        return "steps right, box wrong" if extract_int(completion) is not None else "no boxed answer"
+    m = STEP_RE.match(completion, span[0])
+    head = re.match(r"(\d+)", prompt)
+    ops = OP_RE.findall(prompt[head.end():])
+    steps_before = len(STEP_RE.findall(completion[: span[0]]))
+    prev = int(head.group(1)) if steps_before == 0 else int(STEP_RE.findall(completion[: span[0]])[-1][3])
+    a, op, b = int(m.group(1)), m.group(2), str(int(m.group(3)))
+    ops = [(o, str(int(n))) for o, n in ops]
+    if steps_before >= len(ops):
+        return "extra step"
+    if (op, b) != ops[steps_before]:
+        return "step skipped" if ops[steps_before + 1 : steps_before + 2] == [(op, b)] else "wrong b"
+    if a != prev:
+        return "wrong a"
+    return "wrong c"
+
+
 def extract_int(completion: str) -> int | None:
     """The integer in the completion's last ``\\boxed{}`` (via the shared answer locator), or None."""
     from oar.answer_span import locate_answer
