@@ -184,3 +184,30 @@ def test_smollm2_token_labels_on_its_own_bpe_split():
         spans = token_char_spans(tok, enc["input_ids"])
         assert [tuple(o) for o in enc["offset_mapping"]] == spans
         assert torch.tensor(labels).ne(-1).all()
+
+
+def test_lab_batch_puts_prompts_in_the_chat_template_and_labels_tokens(chat_char_tokenizer):
+    from oar.lab.fidelity import lab_batch
+
+    problems = make_split(TaskConfig(distractors=1), "test", 3)
+    b = lab_batch(chat_char_tokenizer, problems)
+    for i, p in enumerate(problems):
+        prompt = chat_char_tokenizer.decode(b["prompt_ids"][i][b["prompt_mask"][i]].tolist())
+        assert prompt == chat_prompt(chat_char_tokenizer, p.prompt)
+        n = len(p.completion)
+        assert b["labels"][i, :n].tolist() == list(p.labels) and b["labels"][i, n] == -1  # eos
+        assert b["offsets"][i] == [(j, j + 1) for j in range(n)]
+
+
+def test_fidelity_takes_credit_columns_with_options_and_reports_cpu(chat_char_tokenizer):
+    from helpers import make_tiny_lm
+    from oar.lab.fidelity import attribution_fidelity
+
+    model = make_tiny_lm(len(chat_char_tokenizer))
+    problems = make_split(TaskConfig(), "test", 4)
+    out = attribution_fidelity(model, chat_char_tokenizer, problems, scorers=("random", "oar-g@beta=2"))
+    assert set(out) == {"random", "oar-g@beta=2"}
+    for r in out.values():
+        assert r["completions"] == 4 and r["cpu_s_per_solution"] > 0 and 0 <= r["auc_filler"] <= 1
+    with pytest.raises(ValueError, match="rollout-group statistics"):
+        attribution_fidelity(model, chat_char_tokenizer, problems, scorers=("ktae",))
