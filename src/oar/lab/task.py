@@ -214,6 +214,13 @@ def written_steps(text: str) -> list[re.Match]:
     return sorted([*STEP_RE.finditer(text), *WORDS_STEP_RE.finditer(text)], key=lambda m: m.start())
 
 
+def lab_prompt(text: str) -> str:
+    """The lab prompt (``57+8-6+9=``) inside ``text`` (e.g. a chat-template prompt: its last such chain), else
+    ``text`` itself."""
+    found = re.findall(r"\d+(?:[+-]\d+)+=", text)
+    return found[-1] if found else text
+
+
 def first_wrong_step(prompt: str, completion: str) -> tuple[int, int] | None:
     """Character span ``[start, end)`` of the first wrong step of a lab completion, or None.
 
