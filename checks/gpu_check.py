@@ -240,10 +240,7 @@ def trainer_step(model, tok, column: str, shape: Shape, device: str) -> dict:
     import datasets
     from transformers import PrinterCallback
 
-    from oar.credit import credit_column
     from oar.trainer import OARConfig, OARGRPOTrainer
-
-    credit, options = credit_column(column)
 
     if not hasattr(OARGRPOTrainer, "_generate_single_turn"):
         raise RuntimeError("gpu_check: this TRL has no GRPOTrainer._generate_single_turn to append the answer to")
@@ -262,7 +259,7 @@ def trainer_step(model, tok, column: str, shape: Shape, device: str) -> dict:
     ds = datasets.Dataset.from_list([{"prompt": tok.decode(prompts[0])}] * shape.group)
     with tempfile.TemporaryDirectory() as tmp:
         args = OARConfig(
-            output_dir=tmp, credit=credit, credit_options=options or None, use_cpu=device == "cpu",
+            output_dir=tmp, credit=column, use_cpu=device == "cpu",
             bf16=device == "cuda", seed=0,
             per_device_train_batch_size=shape.group, num_generations=shape.group,
             max_completion_length=shape.completion, temperature=1.0, max_steps=1, learning_rate=1e-6,
@@ -276,7 +273,7 @@ def trainer_step(model, tok, column: str, shape: Shape, device: str) -> dict:
     del trainer
     out = {"step_time": logs["step_time"], "wall_seconds": m.seconds, "peak_mib": m.peak_mib,
            "peak_total_mib": m.peak_total_mib, "completion_tokens": logs.get("completions/mean_length")}
-    if credit != "grpo":
+    if args.resolved_credit.method.acts:
         out |= {"importance_time": logs["oar/importance_time"], "frac_scored": logs["oar/frac_scored"]}
     return out
 
@@ -373,10 +370,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="the device's dense bf16 peak, TFLOP/s (989: H100/H200 SXM), for the goals")
     a = ap.parse_args(argv)
     credits = [c.strip() for c in a.credits.split(",") if c.strip()]
-    from oar.credit import credit_column
+    from oar.credit import CreditSpec
 
     for c in credits:
-        credit_column(c)  # ValueError naming an unknown credit or option, before any model is built
+        CreditSpec.parse(c).resolve()  # ValueError naming an unknown credit or option, before any model is built
     if a.exact_rows < 1 or a.deadline_s <= 0 or a.peak_tflops <= 0:
         ap.error(f"--exact-rows must be >= 1, --deadline-s and --peak-tflops > 0, got {a.exact_rows}, "
                  f"{a.deadline_s}, {a.peak_tflops}")

@@ -16,7 +16,7 @@ import torch
 
 from trainer_setup import exact_reward, grpo_kwargs, task_rows, warm_tiny_lm
 
-OPTIONS = {"vine": {"k": 2, "max_steps": 2, "separator": r" |, "}}
+OPTIONS = {"vine": 'vine@k=2&max_steps=2&separator=" |, "'}  # the credit with its options (a JSON string keeps spaces)
 
 
 def main(out_path: str, credit: str = "oar-g") -> None:
@@ -31,8 +31,8 @@ def main(out_path: str, credit: str = "oar-g") -> None:
     model = warm_tiny_lm(tok)
     flat0 = torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
     with tempfile.TemporaryDirectory() as tmp:
-        args = OARConfig(**grpo_kwargs(tmp, max_steps=3, per_device_train_batch_size=4), credit=credit,
-                         credit_options=OPTIONS.get(credit))
+        args = OARConfig(**grpo_kwargs(tmp, max_steps=3, per_device_train_batch_size=4),
+                         credit=OPTIONS.get(credit, credit))
         trainer = OARGRPOTrainer(model=model, reward_funcs=exact_reward, args=args,
                                  train_dataset=datasets.Dataset.from_list(task_rows(48, seed=3)),
                                  processing_class=tok)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from oar.cli import main
-from oar.credit import credit_column
-from oar.lab.compare import PRESETS, compare
+from oar.credit import CreditSpec
+from oar.lab.compare import PRESETS, compare, credit_columns
 from oar.lab.model import ModelConfig
-from oar.lab.run import LabCallback, RunConfig
+from oar.lab.run import LabCallback, RunConfig, credit_defaults
 from oar.lab.stats import mean_ci, t_quantile
 from oar.lab.summary import format_results_table, summarize_comparison
 from oar.lab.task import TaskConfig
@@ -99,6 +100,11 @@ def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
     assert "max_steps must be >= 1, got 0" in capsys.readouterr().err
     assert main(["compare", "--regime", "long-b8", "--out", str(tmp_path)]) == 2
     assert "unknown regime 'long-b8'; regimes: default" in capsys.readouterr().err
+    for column, message in (("gtpo@alpha1=NaN", "credit 'gtpo': alpha1 must be a finite number, got nan"),
+                            ("oar-g@noise_std=0&mode=last", "noise_std must be > 0 unless mode is 'answer_joint'")):
+        assert main(["compare", "--credits", f"grpo,{column}", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
@@ -143,7 +149,8 @@ def test_tiny_end_to_end_compare(tmp_path):
     compare(tmp_path / "out", preset="quick", credits=("oar-g@beta=2",), seeds=1, budget_s=2, workers=1, warm=warm,
             cache_dir=tmp_path / "cache", report=False, run_overrides=overrides)
     meta = json.loads((tmp_path / "out" / "oar-g@beta=2-s0" / "run.json").read_text())
-    assert meta["credit"] == "oar-g" and meta["lab"]["oar"] == {"credit_options": {"beta": 2}}
+    assert meta["credit"] == "oar-g@beta=2" and meta["lab"]["credit"] == "oar-g@beta=2"  # one value, whole
+    assert meta["config"]["credit_options"] is None and meta["config"]["oar_beta"] is None
 
     # an oracle column trains through the lab trainer like any credit and brings credit efficiency into the results
     res = compare(tmp_path / "out", preset="quick", credits=("grpo", "oracle-process"), seeds=1, budget_s=2, workers=1,
@@ -154,21 +161,46 @@ def test_tiny_end_to_end_compare(tmp_path):
 
 
 def test_credit_columns_carry_their_options_and_name_bad_ones():
-    assert credit_column("oar-g") == ("oar-g", {})
-    assert credit_column("OAR-G@beta=2&tau=0.5") == ("oar-g", {"beta": 2, "tau": 0.5})
-    assert credit_column("oar-p@mode=last") == ("oar-p", {"mode": "last"})
+    assert credit_columns(("oar-g",)) == {"oar-g": CreditSpec("oar-g")}
+    cols = credit_columns(("OAR-G@beta=2&tau=0.5", "oar-p@mode=last", "oar-p@horizon=2&chunk_size=64", "oar-g"))
+    assert list(cols) == ["oar-g@beta=2&tau=0.5", "oar-p@mode=last", "oar-p@horizon=2&chunk_size=64", "oar-g"]
+    assert dict(cols["oar-g@beta=2&tau=0.5"].options) == {"beta": 2, "tau": 0.5}
+    assert list(credit_columns(("grpo", " grpo "))) == ["grpo"]  # the same column twice counts once
     with pytest.raises(ValueError, match="gamma"):
-        credit_column("oar-g@gamma=1")
+        credit_columns(("oar-g@gamma=1",))
     with pytest.raises(ValueError, match="'beta'"):
-        credit_column("oar-g@beta")
+        credit_columns(("oar-g@beta",))
     with pytest.raises(ValueError, match="'ppo'"):
-        credit_column("ppo@beta=2")
+        credit_columns(("ppo@beta=2",))
     with pytest.raises(ValueError, match="must not contain"):
-        credit_column("oar-p@mode=../x")
-    from oar.credit.spec import column_name
+        credit_columns(("oar-p@mode=../x",))
+    with pytest.raises(ValueError, match="noise_std must be > 0 unless mode is 'answer_joint'"):
+        credit_columns(("grpo", "oar-g@noise_std=0&mode=last"))  # a rule between options, before any run
+    for column in ("oar-g", "oar-g@beta=2&tau=0.5", "oar-p@mode=last", "oar-p@horizon=2",
+                   "oar-p@horizon=2&chunk_size=64"):
+        assert str(CreditSpec.parse(column)) == column  # format is the inverse of parse: the stored column names
 
-    for column in ("oar-g", "oar-g@beta=2&tau=0.5", "oar-p@mode=last", "oar-p@horizon=2"):
-        assert column_name(*credit_column(column)) == column  # the inverse of the grammar
+
+def test_finished_runs_of_an_older_oar_still_count_on_resume(tmp_path):
+    """An older oar recorded a column's options in the lab config's ``oar.credit_options`` (``credit`` the name
+    alone); ``--resume`` reads that as the same one credit value, and a different value as another run."""
+    from dataclasses import asdict
+
+    from oar.lab.compare import finished_run
+
+    cfg = RunConfig(credit="oar-p@horizon=2&chunk_size=64", budget_s=30.0, eval_every=10)
+    final = {"step": 3, "wall_time": 31.0, "eval/accuracy": 0.5}
+    old_lab = {**json.loads(json.dumps(asdict(cfg))), "credit": "oar-p",
+               "oar": {"credit_options": {"horizon": 2, "chunk_size": 64}}}
+    for name, lab in (("old", old_lab), ("new", asdict(cfg))):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "run.json").write_text(json.dumps({"lab": lab, "credit_defaults": credit_defaults(cfg)}))
+        (d / "metrics.jsonl").write_text(json.dumps(final) + "\n")
+        (d / "summary.json").write_text(json.dumps({"final": final}))
+        assert finished_run(d, cfg), name
+    assert not finished_run(tmp_path / "old", RunConfig(credit="oar-p@horizon=3&chunk_size=64", budget_s=30.0,
+                                                        eval_every=10))
 
 
 @pytest.mark.parametrize("clock, stops", [("cpu", False), ("wall", True)])
@@ -335,3 +367,22 @@ def test_import_option_registers_a_user_credit_in_the_parent_and_in_spawned_work
     err = capsys.readouterr().err
     assert "no_such_module_x" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "d").exists()
+
+
+def test_stored_study_columns_read_back_as_the_same_columns():
+    """Every column of every stored study (docs/studies/*/results) is its own canonical credit text, so rerunning
+    or resuming the study names the same run directories and results, and a report groups a run directory of either
+    run.json form (an older oar's name + ``config.credit_options``, or the credit whole) under that column."""
+    import oar.lab  # noqa: F401  (the oracle columns)
+    from oar.viz.plots import Run
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "studies"
+    stored = [json.loads(p.read_text()) for p in sorted(root.glob("*/results/*.json"))
+              + sorted(root.glob("*/results/*/results.json"))]
+    columns = [c for r in stored if isinstance(r, dict) and "reference" in r and "credits" in r for c in r["credits"]]
+    assert "oar-p@horizon=2&chunk_size=64" in columns and len(columns) > 40
+    assert list(credit_columns(tuple(dict.fromkeys(columns)))) == list(dict.fromkeys(columns))
+    for c in columns:
+        spec = CreditSpec.parse(c)
+        older = Run(Path(c), {"credit": spec.name, "config": {"credit_options": dict(spec.options) or None}})
+        assert older.credit == Run(Path(c), {"credit": str(spec), "config": {}}).credit == c

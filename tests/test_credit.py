@@ -10,7 +10,7 @@ import torch
 
 from oar.credit import (
     CreditBatch,
-    credit_column,
+    CreditSpec,
     credit_names,
     get_credit,
     register_credit,
@@ -37,7 +37,7 @@ def test_registry_lists_builtins_and_names_unknown_ones():
         get_credit("nope")
     with pytest.raises(ValueError, match="unknown credit control 'flip'"):
         get_credit("flip:oar-g")
-    with pytest.raises(ValueError, match="plain GRPO"):
+    with pytest.raises(ValueError, match="'grpo' leaves every advantage as it is"):
         get_credit("shuffle:grpo")
     assert get_credit("OAR-G").name == "oar-g"
     m = get_credit("shuffle:oar-g")
@@ -299,7 +299,11 @@ def test_oar_credits_command_lists_every_method_with_its_cost():
      ("oar-p", {"mode": "mean"}, "mode must be one of 'last', 'answer_mean', 'answer_joint', got 'mean'"),
      ("oar-g", {"noise_std": -1.0}, "noise_std must be >= 0"),
      ("oar-g", {"tau": True}, "tau must be a number, got True"),
-     ("oar-g", {"beta": float("nan")}, "beta must be >= 0, got nan"),
+     ("oar-g", {"beta": float("nan")}, "beta must be a finite number, got nan"),
+     ("gtpo", {"alpha1": float("nan")}, "alpha1 must be a finite number, got nan"),
+     ("gtpo", {"alpha2": float("-inf")}, "alpha2 must be a finite number, got -inf"),
+     ("vine", {"separator": "("}, "separator must be a regular expression"),
+     ("oar-prefix", {"separator": "[a"}, "separator must be a regular expression"),
      ("oar-pg", {"k": 0}, "k must be in (0, 1]"),
      ("oar-pg", {"calibration": "mean"}, "calibration must be one of 'median', 'below'"),
      ("entropy-mask", {"rho": 1.5}, "rho must be in (0, 1], got 1.5"),
@@ -312,8 +316,10 @@ def test_each_declared_option_refuses_a_bad_value(credit, options, message):
     with pytest.raises(ValueError, match=f"^credit '{credit}': ") as err:
         get_credit(credit).check_options(options)
     assert message in str(err.value)
-    with pytest.raises(ValueError, match="must be"):  # the comparison column is checked by the same declaration
-        credit_column(f"{credit}@" + "&".join(f"{k}={json.dumps(v)}" for k, v in options.items()))
+    with pytest.raises(ValueError, match="must be"):  # the credit value is checked by the same declaration
+        CreditSpec(credit, options).resolve()
+    with pytest.raises(ValueError, match="must be"):  # written as text too (NaN and Infinity as JSON writes them)
+        CreditSpec.parse(f"{credit}@" + "&".join(f"{k}={json.dumps(v)}" for k, v in options.items())).resolve()
 
 
 def test_declared_options_accept_their_defaults_ints_for_floats_and_null_where_allowed():
@@ -359,3 +365,141 @@ def test_ranges_are_parsed_from_their_text():
         in_range(1, "between 0 and 1")
     with pytest.raises(ValueError, match=r"^x must be >= 1, got 0$"):
         check_range("x", 0, ">= 1")
+
+
+# --- one credit value: CreditSpec ----------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_KEYS = st.text(st.characters(codec="utf-8", exclude_characters="&=@\x00"), min_size=1, max_size=8).filter(
+    lambda k: k.strip() == k)
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False)
+                       | st.text(max_size=12), lambda inner: st.lists(inner, max_size=3), max_leaves=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(options=st.dictionaries(_KEYS, _VALUES, max_size=4))
+def test_credit_spec_format_is_the_inverse_of_parse(options):
+    """Any options (text with '&', spaces, quotes, text that reads as a number; lists; null) survive the text."""
+    spec = CreditSpec("oar-p", options)
+    again = CreditSpec.parse(str(spec))
+    assert again == spec and dict(again.options) == options and list(again.options) == list(options)
+
+
+def test_credit_spec_reads_and_writes_the_column_text():
+    spec = CreditSpec.parse(" OAR-P@horizon=2&chunk_size=64&mode=last ")
+    assert (spec.name, dict(spec.options)) == ("oar-p", {"horizon": 2, "chunk_size": 64, "mode": "last"})
+    assert str(spec) == "oar-p@horizon=2&chunk_size=64&mode=last" and repr(spec) == f"CreditSpec({str(spec)!r})"
+    assert CreditSpec.parse("shuffle:oar-g@beta=2").name == "shuffle:oar-g"
+    assert str(CreditSpec("vine", {"separator": " |, ", "k": "2"})) == 'vine@separator=" |, "&k="2"'
+    assert CreditSpec.parse("oar-g@") == CreditSpec("oar-g")
+    assert hash(CreditSpec("oar-g")) == hash(CreditSpec.parse("oar-g"))
+    import pickle
+
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    with pytest.raises(AttributeError):
+        spec.name = "oar-g"  # frozen
+    with pytest.raises(TypeError):
+        spec.options["horizon"] = 3  # type: ignore[index]
+    for bad, message in (("oar-g@beta", "expected OPT=VALUE"), ("@beta=2", "expected NAME"),
+                         ("oar-g@beta=1&beta=2", "'beta' is given twice")):
+        with pytest.raises(ValueError, match=message):
+            CreditSpec.parse(bad)
+    with pytest.raises(ValueError, match="sets beta=2, and oar_beta sets beta=3"):
+        CreditSpec.parse("oar-g@beta=2").merged({"beta": 3}, "oar_beta")
+    assert CreditSpec.parse("oar-g@beta=2").merged({"beta": 2, "tau": 0.5}, "x") == CreditSpec.parse(
+        "oar-g@beta=2&tau=0.5")
+
+
+def test_resolve_checks_the_options_and_the_methods_rules_once():
+    method, options = CreditSpec.parse("oar-p@horizon=2").resolve()
+    assert method is get_credit("oar-p") and options == {**method.options, "horizon": 2}
+    for text, message in (("oar-g@noise_std=0&mode=last", "noise_std must be > 0 unless mode is 'answer_joint'"),
+                          ("oar-pg@noise_std=0", "noise_std must be > 0 unless guide_mode is 'answer_joint'"),
+                          ("shuffle:oar-g@noise_std=0&mode=answer_mean", "unless mode is 'answer_joint'"),
+                          ("gtpo@alpha1=NaN", "alpha1 must be a finite number, got nan"),
+                          ("oar-p@horizon=Infinity", "horizon must be an integer or null, got inf")):
+        with pytest.raises(ValueError, match=f"^credit '[a-z:-]+': .*{message}"):
+            CreditSpec.parse(text).resolve()
+    CreditSpec.parse("oar-g@noise_std=0").resolve()  # answer_joint needs no noise
+    CreditSpec.parse("oar-pg@noise_std=0&guide_mode=answer_joint").resolve()
+
+
+def test_an_option_group_attaches_its_options_and_rule_to_every_method_that_lists_it():
+    """The next reshaping option reaches every method of a group by one declaration: the group's options and its
+    cross-option check are each method's, checked at every entry point; a name declared twice is refused."""
+    from oar.credit.options import Option, OptionGroup
+
+    def rule(options):
+        if options["lo"] > options["hi"]:
+            raise ValueError(f"lo must be <= hi, got lo={options['lo']} hi={options['hi']}")
+
+    group = OptionGroup("clip", {"lo": Option(0.0, float), "hi": Option(1.0, float)}, check=rule)
+
+    def effect(scores, mask, lo=0.0, hi=1.0):
+        return scores.clamp(lo, hi)
+
+    names = ("t-clip-a", "t-clip-b")
+    try:
+        for name in names:
+            register_credit(name, combine="multiply", needs_policy=False, needs_probe=False, passes="0", paper="t",
+                            summary="t", effect=effect, groups=(group,))(lambda batch: batch.completion_mask.float())
+        for name in names:
+            assert get_credit(name).options == {"lo": 0.0, "hi": 1.0}
+            with pytest.raises(ValueError, match=f"^credit '{name}': lo must be <= hi, got lo=2 hi=1.0"):
+                CreditSpec.parse(f"{name}@lo=2").resolve()
+            with pytest.raises(ValueError, match="hi must be a finite number"):
+                get_credit(f"shuffle:{name}").check_options({"hi": float("inf")})
+        with pytest.raises(ValueError, match=r"declares options \['lo'\] twice"):
+            register_credit("t-clip-c", combine="multiply", needs_policy=False, needs_probe=False, passes="0",
+                            paper="t", summary="t", effect=effect, options={"lo": 0.5}, groups=(group,))(
+                lambda batch: batch.completion_mask.float())
+    finally:
+        for name in names:
+            unregister_credit(name)
+
+
+def test_capabilities_are_declared_at_registration_not_read_off_names():
+    """A method that does not act is plain GRPO whatever its name: nothing scored, weights 1, no control of it;
+    a rollout need and a lab-only method are fields of the registration (and columns of the docs' table)."""
+    assert not get_credit("grpo").acts and all(get_credit(n).acts for n in credit_names() if n != "grpo")
+    assert get_credit("vine").needs_rollout and get_credit("vine-w").needs_rollout
+    assert not any(get_credit(n).needs_rollout for n in credit_names() if not n.startswith("vine"))
+    import oar.lab  # noqa: F401
+
+    assert get_credit("oracle-process").lab_only and not get_credit("oar-g").lab_only
+
+    @register_credit("t-still", combine="multiply", needs_policy=False, needs_probe=False, passes="0", paper="t",
+                     summary="t", acts=False, effect=lambda scores, mask: 2 + scores)
+    def still(batch):
+        raise AssertionError("a method that does not act is never scored")
+
+    try:
+        ids = torch.tensor([[5, 6, 7]])
+        ones = torch.ones_like(ids)
+        tc = token_credit("t-still", CreditBatch(ids, ones, ids, ones, advantages=torch.tensor([1.0])))
+        assert torch.equal(tc.weights, torch.ones(1, 3)) and not tc.flags["scored"].any()
+        with pytest.raises(ValueError, match="'t-still' leaves every advantage as it is"):
+            get_credit("inverted:t-still")
+    finally:
+        unregister_credit("t-still")
+
+
+def test_metrics_reduce_each_total_by_name_and_count_too_long_apart():
+    from oar.credit.metrics import METRIC_KEYS, TOTALS, gather_totals, metric_totals, metrics_from_totals
+
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    weights = torch.tensor([[0.5, 1.5, 1.0], [1.0, 1.0, 1.0]])
+    flags = {"scored": torch.tensor([True, True]), "uniform": torch.tensor([False, True]),
+             "too_short": torch.tensor([False, False]), "too_long": torch.tensor([False, True]),
+             "nonfinite": torch.tensor([False, False])}
+    one = metric_totals(weights, torch.zeros(2, 3), mask, flags)
+    assert set(one) == set(TOTALS)
+    empty = metric_totals(weights, torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool), flags)
+    two = {k: torch.tensor([one[k], empty[k]], dtype=torch.float64) for k in TOTALS}  # two processes
+    m = metrics_from_totals(two)
+    assert tuple(m) == METRIC_KEYS
+    assert (m["oar/frac_too_long"], m["oar/frac_too_short"]) == (0.5, 0.0)  # one too-long row of two, each process
+    assert (m["oar/weight_max"], m["oar/weight_min"], m["oar/weight_mean"]) == (1.5, 0.5, 1.0)
+    assert metrics_from_totals(gather_totals(one)) == metrics_from_totals(one)

@@ -102,6 +102,14 @@ def test_wilson_interval():
     assert math.isclose(lo, 0.2993, abs_tol=1e-3) and math.isclose(hi, 0.7007, abs_tol=1e-3)
 
 
+def test_only_true_counts_as_correct():
+    """A stored "yes", 1 or "true" is not a correct sample: only JSON true is."""
+    greedy = summarize_benchmark([["yes"], [1], ["true"], [True], [False]])
+    assert greedy["accuracy"]["mean"] == 1 / 5
+    sampled = summarize_benchmark([[True, "yes"], [1, 1.0], [True, True]])
+    assert sampled["avg@2"]["mean"] == (1 / 2 + 0 + 1) / 3 and sampled["pass@2"]["mean"] == 2 / 3
+
+
 def test_summarize_greedy_and_sampled():
     greedy = summarize_benchmark([[True], [False], [False], [True]])
     assert set(greedy) == {"accuracy"} and greedy["accuracy"]["mean"] == 0.5
@@ -264,6 +272,16 @@ def test_resume_refuses_other_settings(monkeypatch, tmp_path):
         (dict(benchmarks="gsm8k,foo"), "foo"),
         (dict(prompt_template="no placeholder"), "question"),
         (dict(data_dir="/no/such/dir"), "/no/such/dir"),
+        (dict(temperature=-1.0), "temperature must be >= 0"),
+        (dict(temperature=-1e-9, samples=4), "temperature must be >= 0"),
+        (dict(temperature=float("nan")), "temperature must be a finite number, got nan"),
+        (dict(temperature=float("inf"), samples=2), "temperature must be a finite number, got inf"),
+        (dict(temperature="0.5"), "temperature must be a finite number, got '0.5'"),
+        (dict(top_p=5.0), r"top_p must be in \(0, 1\], got 5.0"),
+        (dict(top_p=0.0, samples=2), r"top_p must be in \(0, 1\], got 0.0"),
+        (dict(top_p=-0.5, temperature=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=float("nan")), "top_p must be a finite number, got nan"),
+        (dict(top_p=float("-inf")), "top_p must be a finite number, got -inf"),
     ],
 )
 def test_config_errors(kwargs, match):
@@ -272,6 +290,103 @@ def test_config_errors(kwargs, match):
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+
+
+def _finished_run(monkeypatch, tmp_path, **kwargs):
+    config = EvalConfig(model="fake", benchmarks=["aime24"], data_dir=SHARED_DATA, limit=3,
+                        output_dir=str(tmp_path), **kwargs)
+    _install_fake(monkeypatch, config)
+    evaluate(config, progress=False)
+    return config, tmp_path / "samples.jsonl"
+
+
+def _record(**change):
+    rec = {"benchmark": "aime24", "index": 1, "sample": 0, "prompt": "p", "completion": "c", "extracted": None,
+           "gold": "1", "correct": False}
+    rec.update(change)
+    return json.dumps({k: v for k, v in rec.items() if v != "<missing>"})
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (_record(correct="yes"), "'correct' must be true or false, got 'yes'"),
+        (_record(correct=1), "'correct' must be true or false, got 1"),
+        (_record(correct="true"), "'correct' must be true or false, got 'true'"),
+        (_record(correct=None), "'correct' must be true or false, got None"),
+        (_record(index="1"), "'index' must be an integer >= 0, got '1'"),
+        (_record(index=-1), "'index' must be an integer >= 0, got -1"),
+        (_record(sample=True), "'sample' must be an integer >= 0, got True"),
+        (_record(sample=1), "sample 1 in a run of 1 sample(s) per problem"),
+        (_record(benchmark=["aime24"]), "'benchmark' must be text, got ['aime24']"),
+        (_record(extracted=3), "'extracted' must be text or null, got 3"),
+        (_record(completion={"text": "c"}), "'completion' must be text"),
+        (_record(gold="<missing>"), "a stored sample without 'gold'"),
+        ("[1, 2, 3]", "expected a JSON object, got list"),
+        ("42", "expected a JSON object, got int"),
+        ("garbage", "not valid JSON"),
+        ('{"benchmark": "aime24"}}', "not valid JSON"),
+    ],
+)
+def test_damaged_stored_samples_are_named_by_file_and_line(monkeypatch, tmp_path, capsys, line, message):
+    config, jsonl = _finished_run(monkeypatch, tmp_path)
+    lines = jsonl.read_text().splitlines()
+    lines.insert(1, line)  # line 2 of the file
+    jsonl.write_text("\n".join(lines) + "\n")
+    fake = _install_fake(monkeypatch, config)
+    with pytest.raises(ValueError) as info:
+        evaluate(config, progress=False)
+    assert str(info.value).startswith(f"{jsonl}:2: ") and message in str(info.value)
+    assert "\n" not in str(info.value) and fake.seen == []  # refused before any generation
+    argv = ["eval", "--model", "fake", "--benchmarks", "aime24", "--data-dir", SHARED_DATA, "--limit", "3",
+            "--output-dir", str(tmp_path)]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"oar eval: error: {jsonl}:2: ") and len(err.splitlines()) == 1
+
+
+def test_lines_torn_by_interrupted_writes_are_generated_again(monkeypatch, tmp_path):
+    config, jsonl = _finished_run(monkeypatch, tmp_path, batch_size=1)
+    lines = jsonl.read_text().splitlines()
+    jsonl.write_text(lines[0] + "\n" + lines[1][:25] + "\n" + lines[2] + "\n")  # problem of line 2 torn
+    fake = _install_fake(monkeypatch, config)
+    summary = evaluate(config, progress=False)
+    assert len(fake.seen) == 1 and summary["benchmarks"]["aime24"]["problems"] == 3
+    assert len(read_samples(jsonl, 1)) == 3 and len(jsonl.read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", "\"settings\"", ""])
+def test_damaged_stored_settings_are_named(monkeypatch, tmp_path, content):
+    config, _ = _finished_run(monkeypatch, tmp_path)
+    (tmp_path / "config.json").write_text(content)
+    fake = _install_fake(monkeypatch, config)
+    with pytest.raises(ValueError, match="config.json") as info:
+        evaluate(config, progress=False)
+    assert "\n" not in str(info.value) and fake.seen == []
+
+
+@pytest.mark.parametrize("name", ["summary.json", "eval.md", "config.json", "samples.jsonl"])
+def test_an_output_file_that_is_a_directory_is_refused_before_any_work(monkeypatch, tmp_path, name):
+    config = EvalConfig(model="fake", benchmarks=["aime24"], data_dir=SHARED_DATA, limit=2, output_dir=str(tmp_path))
+    (tmp_path / name).mkdir()
+    fake = _install_fake(monkeypatch, config)
+    with pytest.raises(ValueError, match=f"{name} is not a file"):
+        evaluate(config, progress=False)
+    assert fake.seen == []
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--temperature", "-1", "temperature must be >= 0"), ("--temperature", "nan", "temperature must be a finite"),
+    ("--temperature", "inf", "temperature must be a finite"), ("--top-p", "5", "top_p must be in (0, 1]"),
+    ("--top-p", "0", "top_p must be in (0, 1]"), ("--top-p", "-inf", "top_p must be a finite"),
+])
+def test_cli_refuses_bad_sampling_numbers_before_loading_a_model(capsys, tmp_path, flag, value, message):
+    argv = ["eval", "--model", "./no/such/model", "--data-dir", SHARED_DATA, "--output-dir", str(tmp_path),
+            f"{flag}={value}"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("oar eval: error: ") and message in err and len(err.splitlines()) == 1
+    assert "model" not in err  # the model was never looked for
 
 
 def test_cli_end_to_end_on_a_local_model(tmp_path, char_tokenizer, capsys):

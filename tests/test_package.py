@@ -28,6 +28,14 @@ def test_import_is_light():
     assert out.strip() == "[]"
 
 
+def test_a_credit_value_is_read_without_torch():
+    """The credit grammar is pure Python: a report reads run.json's credit without importing torch."""
+    code = ("import sys; from oar.credit import CreditSpec; from oar.viz.plots import Run; "
+            "assert str(CreditSpec.parse('oar-p@horizon=2')) == 'oar-p@horizon=2'; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_doctor_runs():
     from oar.cli import main
 

@@ -237,3 +237,138 @@ def test_config_warnings_are_dropped_unless_verbose(workspace, capsys):
     raised = {str(w.message) for w in direct if issubclass(w.category, FutureWarning)}
     assert raised <= set(future_warnings(["--verbose"]))
     assert future_warnings([]) == []
+
+
+def test_one_credit_value_reaches_run_json_and_bad_credits_stop_before_any_work(workspace, capsys):
+    """``--credit NAME@OPT=V`` is one value from the command line to run.json; a lab-only credit and a refused
+    combination of options each get one line naming them, before the model or the data load."""
+    root, config = workspace
+    base = ["train", "--config", str(config), "--max_steps", "1", "--dataset", str(root / "missing.jsonl")]
+    assert main([*base, "--output_dir", str(root / "lab"), "--credit", "oracle-process"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'oracle-process' is lab-only" in err
+    assert "oar compare --credits grpo,oracle-process" in err
+    assert main([*base, "--output_dir", str(root / "rule"), "--credit", "oar-g@noise_std=0&mode=last"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "noise_std must be > 0 unless mode is 'answer_joint'" in err
+    assert not (root / "lab").exists() and not (root / "rule").exists()
+
+    out = root / "spec"
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--max_steps", "1",
+                 "--credit", "oar-p@horizon=1&chunk_size=8"]) == 0
+    capsys.readouterr()
+    run = json.loads((out / "run.json").read_text())
+    assert run["credit"] == run["config"]["credit"] == "oar-p@horizon=1&chunk_size=8"
+    assert all(d.credit == "oar-p@horizon=1&chunk_size=8" for d in read_records(out / "attributions.jsonl"))
+
+
+def test_resume_reads_the_credit_of_an_older_run_json(tmp_path):
+    """An older oar stored the credit apart (``credit``, ``credit_options``, the option fields, the sampler's
+    temperature routed into a credit's own): ``--resume`` compares the credit it trained with, resolved, so the
+    same credit written the new way resumes and another one is named."""
+    from oar.train_run import check_resume, parse_train_args
+
+    def stored(credit: str, **fields) -> None:
+        script, cfg = parse_train_args(["--output_dir", str(tmp_path), "--credit", credit])
+        old = {**cfg.to_dict(), "credit": credit.partition("@")[0], "oar_tau": 0.25, "oar_beta": 1.0,
+               "oar_floor": 0.1, **fields}
+        (tmp_path / "run.json").write_text(json.dumps({"config": old, "train_args": {}}, default=str))
+
+    def resume(credit: str, *extra: str) -> None:
+        script, cfg = parse_train_args(["--output_dir", str(tmp_path), "--credit", credit, *extra])
+        check_resume(tmp_path, script, cfg)
+
+    stored("oar-p@horizon=2", credit_options={"horizon": 2})
+    resume("oar-p@horizon=2")
+    with pytest.raises(ValueError, match=r"credit: 'oar-p@horizon=2' -> 'oar-p@horizon=3'"):
+        resume("oar-p@horizon=3")
+    stored("oar-g", oar_beta=2.0)  # an option field away from its default is part of the credit
+    resume("oar-g@beta=2.0")
+    with pytest.raises(ValueError, match=r"credit: 'oar-g@beta=2.0' -> 'oar-g'"):
+        resume("oar-g")
+    stored("gtpo", temperature=0.7)  # an older oar read gtpo's entropy at the sampler's temperature
+    resume("gtpo@temperature=0.7", "--temperature", "0.7")
+    with pytest.raises(ValueError, match=r"credit: 'gtpo@temperature=0.7' -> 'gtpo'"):
+        resume("gtpo", "--temperature", "0.7")
+
+
+# ---------------------------------------------------------------------------------------------- data as text
+
+BIG = 2**64 + 1  # above int64: pyarrow would round it to a double
+
+
+@pytest.mark.parametrize("literal, gold", [
+    ("1" + "0" * 400, "1" + "0" * 400), ("9" * 400, "9" * 400), (str(BIG), str(BIG)), (str(-BIG), str(-BIG)),
+    ("1e400", "1e400"), ("-1.5e400", "-1.5e400"), ("27.0", "27"), ("0.1", "0.1"), ("2.50", "2.50"),
+    ("12345678901234567.0", "12345678901234567.0"), ("[1, 2.50]", "1, 2.50"), ('"#### 1,000"', "1000"),
+])
+@pytest.mark.parametrize("layout", ["jsonl", "json"])
+def test_answers_keep_the_files_text(tmp_path, literal, gold, layout):
+    """A number in the answer column is read as the text the file holds (pyarrow read 10**400 as inf and rounded
+    integers above 2**63); other columns keep their types."""
+    row = '{"problem": "q", "answer": ' + literal + ', "id": 7}'
+    other = '{"problem": "r", "answer": "x+1", "id": 8}'
+    path = tmp_path / f"d.{layout}"
+    path.write_text(f"{row}\n{other}\n" if layout == "jsonl" else f"[{row},\n {other}]")
+    ds = load_train_dataset(str(path), prompt_template="{question}")
+    assert ds[0] == {"prompt": "q", "answer": gold} and ds[1]["answer"] == "x+1"
+    from oar.train_data import read_train_dataset
+
+    raw = read_train_dataset(str(path))
+    assert raw["id"] == [7, 8] and isinstance(raw[0]["answer"], str)
+
+
+@pytest.mark.parametrize("row, where, message", [
+    ('{"question": "q", "answer": "1", "answer": "2"}', ":2: ", "duplicated key 'answer'"),
+    ('{"question": "q", "meta": {"a": 1, "a": 2}, "answer": "2"}', ":2: ", "duplicated key 'a'"),
+    ('{"question": "q", "answer": Infinity}', ": line 2: ", "column 'answer' holds a non-finite number"),
+    ('{"question": "q", "answer": -Infinity}', ": line 2: ", "column 'answer' holds a non-finite number"),
+    ('{"question": "q", "answer": NaN}', ": line 2: ", "column 'answer' holds a non-finite number"),
+    ('{"question": "q", "answer": [1, NaN]}', ": line 2: ", "column 'answer' holds a non-finite number"),
+    ('{"question": "q", "answer": "1", "score": NaN}', ": line 2: ", "column 'score' holds a non-finite"),
+    ('{"question": "q", "answer": "1", "score": 1e999}', ": line 2: ", "column 'score' holds a number beyond"),
+    ('[1, 2]', ": line 2: ", "expected a JSON object, got list"),
+    ('{"question": "q", "answer": ', ":2: ", "not valid JSON"),
+])
+def test_damaged_json_rows_are_one_line_naming_file_row_and_column(workspace, capsys, tmp_path, row, where,
+                                                                   message):
+    root, config = workspace
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"question": "fine", "answer": "1"}\n' + row + "\n")
+    code = main(["train", "--config", str(config), "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+                 "--dataset", str(path), "--answer_column", "answer"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"oar train: error: {path}{where}") and message in err
+
+
+def test_a_json_document_with_a_duplicated_key_names_it(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text('[{"problem": "q", "answer": "1"}, {"problem": "q", "problem": "r", "answer": "2"}]')
+    with pytest.raises(ValueError, match=f"{path}: duplicated key 'problem'"):
+        load_train_dataset(str(path))
+
+
+def test_an_infinite_answer_in_parquet_is_refused_by_row_and_column(tmp_path):
+    pd = pytest.importorskip("pandas")
+    path = tmp_path / "d.parquet"
+    pd.DataFrame({"problem": ["a", "b", "c"], "answer": [1.0, 2.5, float("-inf")]}).to_parquet(path)
+    with pytest.raises(ValueError, match="row 3: column 'answer' holds -inf, not a finite answer"):
+        load_train_dataset(str(path))
+    pd.DataFrame({"problem": ["a", "b"], "answer": [2**62 + 1, 7]}).to_parquet(path)  # int64 keeps every digit
+    assert list(load_train_dataset(str(path), prompt_template="{question}")["answer"]) == [str(2**62 + 1), "7"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "-100"])
+def test_max_train_samples_below_one_is_refused_before_any_model_loads(workspace, capsys, tmp_path, value):
+    root, config = workspace
+    code = main(["train", "--config", str(config), "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+                 "--max_train_samples", value, "--model", str(tmp_path / "no-such-model")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err == f"oar train: error: max_train_samples must be >= 1 (or unset: every row), got {value}"
+    assert not (tmp_path / "out").exists()  # refused before the run directory, the data or the model
+    from oar.train_data import read_train_dataset
+
+    with pytest.raises(ValueError, match="max_train_samples must be an integer >= 1"):
+        read_train_dataset(str(root / "add.jsonl"), "question", "gold", max_samples=int(value))

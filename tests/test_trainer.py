@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ datasets = pytest.importorskip("datasets")
 trl = pytest.importorskip("trl")
 
 from oar.attribution import read_records  # noqa: E402
+from oar.credit import ResolvedCredit, credit_names, get_credit  # noqa: E402
 from oar.probe import OutcomeProbe  # noqa: E402
 from oar.trainer import OARConfig, OARGRPOTrainer  # noqa: E402
 
@@ -34,8 +36,9 @@ class RecordingTrainer(OARGRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.batches, self.scored_rows, self.scorer_models = [], [], []
-        if self._credit.needs_probe:
-            inner = self._credit.score
+        method, options = self.args.resolved_credit
+        if method.needs_probe:
+            inner = method.score
 
             @functools.wraps(inner)
             def spy(model, input_ids, *rest, **kw):
@@ -43,7 +46,7 @@ class RecordingTrainer(OARGRPOTrainer):
                 self.scorer_models.append(model)
                 return inner(model, input_ids, *rest, **kw)
 
-            self._credit = dataclasses.replace(self._credit, score=spy)
+            self.args.resolved_credit = ResolvedCredit(dataclasses.replace(method, score=spy), options)
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
@@ -55,39 +58,130 @@ class RecordingTrainer(OARGRPOTrainer):
 
 
 @pytest.mark.parametrize(
-    "field, value",
-    [("credit", "oar"), ("oar_tau", 1.0), ("oar_tau", 0.0), ("oar_beta", -0.1), ("oar_floor", 1.5),
-     ("probe_mode", "mean"), ("answer_source", "gold"), ("noise_std", -1.0), ("oar_batch_size", 0),
-     ("oar_chunk_size", 0), ("oar_dump_every", -1), ("oar_max_probe_length", 1)],
+    "field, value, credit",
+    [("credit", "oar", "oar-g"), ("oar_tau", 1.0, "oar-g"), ("oar_tau", 0.0, "oar-g"), ("oar_beta", -0.1, "oar-g"),
+     ("oar_floor", 1.5, "oar-g"), ("probe_mode", "mean", "oar-g"), ("answer_source", "gold", "oar-g"),
+     ("noise_std", -1.0, "oar-g"), ("oar_batch_size", 0, "oar-g"), ("oar_chunk_size", 0, "oar-p"),
+     ("oar_dump_every", -1, "oar-g"), ("oar_max_probe_length", 1, "oar-g"), ("oar_batch_size", math.nan, "grpo")],
 )
-def test_config_rejects_bad_values_naming_the_field(tmp_path, field, value):
+def test_config_rejects_bad_values_naming_the_field(tmp_path, field, value, credit):
+    kw = {"credit": credit, field: value} if field != "credit" else {field: value}
     with pytest.raises(ValueError, match=field):
-        OARConfig(**grpo_kwargs(str(tmp_path)), **{field: value})
+        OARConfig(**grpo_kwargs(str(tmp_path)), **kw)
 
 
 def test_oar_g_defaults_and_the_noise_rule(tmp_path):
     """OAR-G's default is answer_joint without noise (noise_std None: the scorer resolves it); a KL outcome mode with
-    noise 0 is refused for oar-g and for oar-pg's guide, naming the option."""
+    noise 0 is refused for oar-g and for oar-pg's guide by the rule registered with the method."""
     kw = grpo_kwargs(str(tmp_path))
-    opts = OARConfig(**kw, credit="oar-g").method_options()
+    opts = OARConfig(**kw, credit="oar-g").resolved_credit.options
     assert (opts["mode"], opts["noise_std"]) == ("answer_joint", None)
-    OARConfig(**kw, credit="oar-g", noise_std=0.0)  # answer_joint: no noise needed
-    assert OARConfig(**kw, credit="oar-g", probe_mode="answer_mean").method_options()["noise_std"] is None
-    with pytest.raises(ValueError, match="unless its mode is 'answer_joint'"):
-        OARConfig(**kw, credit="oar-g", probe_mode="answer_mean", noise_std=0.0)
-    with pytest.raises(ValueError, match="unless its guide_mode is 'answer_joint'"):
-        OARConfig(**kw, credit="oar-pg", noise_std=0.0)
-    OARConfig(**kw, credit="oar-pg", noise_std=0.0, credit_options={"guide_mode": "answer_joint"})
+    OARConfig(**kw, credit="oar-g@noise_std=0")  # answer_joint: no noise needed
+    assert OARConfig(**kw, credit="oar-g@mode=answer_mean").resolved_credit.options["noise_std"] is None
+    with pytest.raises(ValueError, match="noise_std must be > 0 unless mode is 'answer_joint'"):
+        OARConfig(**kw, credit="oar-g@noise_std=0&mode=last")
+    with pytest.raises(ValueError, match="noise_std must be > 0 unless guide_mode is 'answer_joint'"):
+        OARConfig(**kw, credit="oar-pg@noise_std=0")
+    OARConfig(**kw, credit="oar-pg@noise_std=0&guide_mode=answer_joint")
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="unless mode is 'answer_joint'"):
+        OARConfig(**kw, credit="oar-g", probe_mode="answer_mean", noise_std=0.0)  # the deprecated fields too
+
+
+def test_one_credit_value_with_deprecated_aliases(tmp_path):
+    """``credit`` carries the method and its options; the option fields and ``credit_options`` are deprecated
+    aliases merged into it (a FutureWarning naming the replacement), then cleared: one spelling remains."""
+    import warnings
+
+    kw = grpo_kwargs(str(tmp_path))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        args = OARConfig(**kw, credit="OAR-P@horizon=2&chunk_size=64")
+    assert not [w for w in seen if "oar" in w.filename], "the new form warns about nothing"
+    assert args.credit == "oar-p@horizon=2&chunk_size=64"
+    method, options = args.resolved_credit
+    assert method is get_credit("oar-p")
+    assert (options["horizon"], options["chunk_size"], options["tau"]) == (2, 64, 0.25)
+    with pytest.warns(FutureWarning, match=r"OARConfig.credit_options, OARConfig.oar_tau are deprecated.*"
+                                           r"credit='oar-p@horizon=2&chunk_size=64&tau=0.3'"):
+        old = OARConfig(**kw, credit="oar-p@horizon=2", credit_options={"chunk_size": 64}, oar_tau=0.3)
+    assert old.credit == "oar-p@horizon=2&chunk_size=64&tau=0.3"
+    assert (old.credit_options, old.oar_tau, old.oar_beta) == (None, None, None)
+    assert old.to_dict()["credit"] == old.credit
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="sets tau=0.5, and oar_tau sets tau=0.3"):
+        OARConfig(**kw, credit="oar-g@tau=0.5", oar_tau=0.3)  # one way to set an option: two values are refused
+    with pytest.warns(FutureWarning):  # an alias the credit does not declare is ignored (a recipe with --credit grpo)
+        assert OARConfig(**kw, credit="grpo", probe_mode="answer_mean").credit == "grpo"
+    # GRPO's sampling temperature is GRPO's: it no longer sets a credit's own temperature option
+    with pytest.warns(UserWarning, match=r"credit='gtpo@temperature=0.7'"):
+        gtpo = OARConfig(**{**kw, "temperature": 0.7}, credit="gtpo")
+    assert gtpo.resolved_credit.options["temperature"] == 1.0
+    assert OARConfig(**{**kw, "temperature": 0.7}, credit="gtpo@temperature=0.7").resolved_credit.options[
+        "temperature"] == 0.7
+    assert OARConfig(**{**kw, "temperature": 0.7}, credit="vine").resolved_credit.options["temperature"] is None
+
+
+NONFINITE = (math.nan, math.inf, -math.inf)
+
+
+def _numeric_options() -> list[tuple[str, str]]:
+    """(credit, option) for every numeric option of every registered method (the lab's oracles included)."""
+    import oar.lab  # noqa: F401
+
+    return [(name, key) for name in credit_names() for key, spec in get_credit(name).specs.items()
+            if spec.kind in (int, float)]
+
+
+def test_every_numeric_option_is_finite_at_every_entry_point(tmp_path):
+    """NaN, inf and -inf are refused for every numeric option of every method, in one line naming the option, by
+    every way to give it: the credit text (OARConfig, oar compare columns, the verl config, token_credit), the
+    deprecated credit_options dict and the deprecated option field."""
+    import warnings
+
+    from oar.credit import CreditSpec
+    from oar.integrations.verl.core import OARVerlConfig
+    from oar.lab.compare import credit_columns
+    from oar.trainer import DEPRECATED_OPTION_FIELDS
+
+    kw = grpo_kwargs(str(tmp_path))
+    field_of = {option: name for name, option in DEPRECATED_OPTION_FIELDS.items()}
+    pairs = _numeric_options()
+    assert {("gtpo", "alpha1"), ("gtpo", "alpha2"), ("oar-g", "tau"), ("oracle-blame", "floor")} <= set(pairs)
+    tried = 0
+    for credit, key in pairs:
+        for value in NONFINITE:
+            text = f"{credit}@{key}={json.dumps(value)}"  # NaN, Infinity, -Infinity
+            config = functools.partial(OARConfig, **kw)
+            builds = [(lambda credit: CreditSpec.parse(credit).resolve(), {"credit": text}),
+                      (config, {"credit": text}), (lambda credit: credit_columns((credit,)), {"credit": text}),
+                      (config, {"credit": credit, "credit_options": {key: value}}),
+                      (config, {"credit": credit, "credit_options": json.dumps({key: value})})]
+            if not get_credit(credit).lab_only and not get_credit(credit).needs_rollout:
+                builds.append((OARVerlConfig, {"credit": text}))
+            if key in field_of:
+                builds.append((config, {"credit": credit, field_of[key]: value}))
+            for build, arguments in builds:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)
+                    with pytest.raises(ValueError) as err:
+                        build(**arguments)
+                message = str(err.value)
+                assert key in message and ("finite" in message or "integer" in message) and "\n" not in message, \
+                    (credit, key, value, message)
+                tried += 1
+    assert tried >= 3 * 5 * len(pairs)
 
 
 def test_config_loads_from_yaml_with_trl_parser(tmp_path):
     cfg = tmp_path / "oar.yaml"
-    cfg.write_text(f"output_dir: {tmp_path}\nuse_cpu: true\ncredit: oar-p\noar_tau: 0.3\nprobe_mode: answer_joint\n"
+    cfg.write_text(f"output_dir: {tmp_path}\nuse_cpu: true\ncredit: oar-p@tau=0.3&mode=answer_joint\n"
                    "num_generations: 4\nper_device_train_batch_size: 4\nloss_type: dapo\n")
-    (args,) = trl.TrlParser([OARConfig]).parse_args_and_config(["--config", str(cfg), "--oar_beta", "2.0"])
+    (args,) = trl.TrlParser([OARConfig]).parse_args_and_config(["--config", str(cfg), "--loss_type", "bnpo"])
     assert isinstance(args, OARConfig)
-    assert (args.credit, args.oar_tau, args.oar_beta, args.probe_mode, args.loss_type) == \
-        ("oar-p", 0.3, 2.0, "answer_joint", "dapo")
+    assert (args.credit, args.loss_type) == ("oar-p@tau=0.3&mode=answer_joint", "bnpo")
+    assert (args.resolved_credit.options["tau"], args.resolved_credit.options["mode"]) == (0.3, "answer_joint")
+    with pytest.warns(FutureWarning, match="oar_beta is deprecated"):  # a deprecated field still loads and merges
+        (args,) = trl.TrlParser([OARConfig]).parse_args_and_config(["--config", str(cfg), "--oar_beta", "2.0"])
+    assert args.credit == "oar-p@tau=0.3&mode=answer_joint&beta=2.0"
     cfg.write_text(f"output_dir: {tmp_path}\nuse_cpu: true\ncredit: nope\n")
     with pytest.raises(ValueError, match="credit"):
         trl.TrlParser([OARConfig]).parse_args_and_config(["--config", str(cfg)])
@@ -347,7 +441,7 @@ def test_every_credit_method_trains(tmp_path, char_tokenizer, credit):
 
     assert set(METRIC_KEYS) <= set(logs[0]), "the TRL trainer logs the schema the verl plugin logs"
     # the rewards the credit reads come from the _calculate_rewards override: TRL's own per-function rewards
-    kept = trainer._oar_rewards_per_func
+    kept = trainer._rewards.per_func
     assert kept.shape == (adv.shape[0], 1)
     assert kept[:, 0].tolist() == list(trainer._logs["rewards"][trainer.reward_func_names[0]])[-adv.shape[0]:]
     records = read_records(tmp_path / "attributions.jsonl")
@@ -355,6 +449,35 @@ def test_every_credit_method_trains(tmp_path, char_tokenizer, credit):
     assert [r.reward for r in records] == [float(kept[i, 0]) for i in active.nonzero().squeeze(1).tolist()[:4]]
     if method.combine in ("add", "replace"):
         assert all(r.offsets is not None for r in records)
+
+
+def test_rollout_rewards_are_sliced_and_weighted_once():
+    from oar.trl_rollout import RolloutRewards, reward_total
+
+    nan, inf = math.nan, math.inf
+    per_func = torch.tensor([[1.0, 0.5], [nan, 1.0], [nan, nan], [0.0, inf]])
+    r = RolloutRewards(per_func, torch.tensor([2.0, 1.0]))
+    assert reward_total(per_func, r.weights).tolist() == [2.5, 1.0, 0.0, inf]  # TRL's NaN-skipping sum
+    total = r.total()
+    assert total[:2].tolist() == [2.5, 1.0] and math.isnan(total[2]) and total[3] == inf  # NaN: nothing scored it
+    assert r.nonfinite().tolist() == [False, False, True, True]
+    assert torch.allclose(r.local(1, 2).per_func, per_func[2:], equal_nan=True)
+    assert torch.allclose(r.local(0, 2).per_func, per_func[:2], equal_nan=True)
+    with pytest.raises(RuntimeError, match="rewards of 4 completions"):
+        r.local(2, 2)
+
+
+def test_oar_state_goes_through_the_checkpoint_files(tmp_path):
+    from oar.checkpoints import load_oar_state, save_oar_state
+    from oar.trainer import OARState
+
+    state = OARState(torch.Generator().manual_seed(3), rollouts=5)
+    save_oar_state(state, str(tmp_path), rank=1)
+    draws = torch.rand(4, generator=state.generator)
+    again = OARState(torch.Generator().manual_seed(0))
+    load_oar_state(again, str(tmp_path), rank=1)
+    assert again.rollouts == 5 and torch.equal(torch.rand(4, generator=again.generator), draws)
+    assert (tmp_path / "oar_state_1.pth").is_file()
 
 
 def test_a_credit_registered_in_user_code_trains_without_editing_oar(tmp_path, char_tokenizer):
@@ -369,8 +492,7 @@ def test_a_credit_registered_in_user_code_trains_without_editing_oar(tmp_path, c
     try:
         trainer = RecordingTrainer(
             model=warm_tiny_lm(char_tokenizer), reward_funcs=first_group_reward,
-            args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit="t-first-tokens",
-                           credit_options='{"k": 2}'),
+            args=OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit="t-first-tokens@k=2"),
             train_dataset=_dataset(), processing_class=char_tokenizer,
         )
         trainer.train()
@@ -378,7 +500,7 @@ def test_a_credit_registered_in_user_code_trains_without_editing_oar(tmp_path, c
         row = adv[(adv != 0).any(dim=1)][0]
         assert torch.allclose(row[:2], 2 * row[2]) and torch.allclose(row[3:], row[2].expand_as(row[3:]))
         with pytest.raises(ValueError, match=r"no option\(s\) \['j'\]"):
-            OARConfig(**grpo_kwargs(str(tmp_path)), credit="t-first-tokens", credit_options={"j": 1})
+            OARConfig(**grpo_kwargs(str(tmp_path)), credit="t-first-tokens@j=1")
     finally:
         unregister_credit("t-first-tokens")
     with pytest.raises(ValueError, match="unknown credit 't-first-tokens'; registered: grpo"):
@@ -420,6 +542,8 @@ def test_trainer_dump_equals_attribute_for_the_same_completions(tmp_path, char_t
     "kw, message",
     [({"oar_beta": -1}, "oar_beta must be >= 0, got -1"),
      ({"credit_options": {"beta": -1}}, "credit 'oar-g': beta must be >= 0, got -1"),
+     ({"credit": "oar-g@beta=-1"}, "credit 'oar-g': beta must be >= 0, got -1"),
+     ({"credit": "oar-p@chunk_size=0"}, "credit 'oar-p': chunk_size must be >= 1, got 0"),
      ({"oar_tau": 1.5}, "oar_tau must be in (0, 1), got 1.5"),
      ({"credit_options": {"tau": 1.5}}, "credit 'oar-g': tau must be in (0, 1), got 1.5"),
      ({"credit_options": {"floor": "0.5"}}, "credit 'oar-g': floor must be a number, got '0.5'"),

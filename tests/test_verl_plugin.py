@@ -65,11 +65,15 @@ def _verl_config(*overrides: str):
 
 
 def test_hydra_command_line_selects_the_trainer_and_carries_the_oar_block():
-    cfg = _verl_config("algorithm.adv_estimator=grpo", "trainer.v1.trainer_mode=oar_sync", "+oar.credit=oar-p",
-                       "+oar.batch_size=4", "+oar.options.chunk_size=8")
+    cfg = _verl_config("algorithm.adv_estimator=grpo", "trainer.v1.trainer_mode=oar_sync",
+                       "+oar.credit='oar-p@chunk_size=8&horizon=2'", "+oar.batch_size=4")
     assert get_trainer_cls(cfg.trainer.v1.trainer_mode) is plugin.OARTrainerSync
     oar = OARVerlConfig.from_mapping(cfg.oar)
-    assert (oar.credit, oar.batch_size, dict(oar.options)) == ("oar-p", 4, {"chunk_size": 8})
+    assert (oar.credit, oar.batch_size) == ("oar-p@chunk_size=8&horizon=2", 4)
+    assert (oar.resolved.options["chunk_size"], oar.resolved.options["horizon"]) == (8, 2)
+    old = _verl_config("trainer.v1.trainer_mode=oar_sync", "+oar.credit=oar-p", "+oar.options.chunk_size=8")
+    with pytest.warns(FutureWarning, match="oar.options is deprecated"):
+        assert OARVerlConfig.from_mapping(old.oar).credit == "oar-p@chunk_size=8"
     bad = _verl_config("trainer.v1.trainer_mode=oar_sync", "+oar.credit=oar-g", "+oar.noise=0.1")
     with pytest.raises(ValueError, match="unknown oar config key.*'noise'"):
         plugin.OARTrainerSync(bad)  # refused before verl starts anything
@@ -124,7 +128,8 @@ class WorkerGroup:
             idx = list(shard)
             data = TensorDict({k: nested([self.store.fields[k][i] for i in idx]) for k in
                                ("prompts", "responses", "response_mask")}, batch_size=len(idx))
-            data["oar_active"] = self.store.fields["oar_active"][idx]
+            for key in ("oar_active", "oar_group", "oar_reward"):
+                data[key] = self.store.fields[key][idx]
             tu.assign_non_tensor(data, **batch.extra_info)
             outs.append(plugin.OARActorRolloutRefWorker.compute_oar_scores(self.worker, data))
             self.calls += 1

@@ -204,8 +204,7 @@ def test_trainer_step_with_vine(tmp_path):
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
-    args = OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit="vine",
-                     credit_options={"k": 2, "max_steps": 2, "separator": r" |, "})
+    args = OARConfig(**grpo_kwargs(str(tmp_path), max_steps=1), credit='vine@k=2&max_steps=2&separator=" |, "')
     trainer = OARGRPOTrainer(model=warm_tiny_lm(tok), reward_funcs=counting_reward, args=args,
                              train_dataset=datasets.Dataset.from_list(task_rows(16, seed=3)), processing_class=tok)
     trainer.train()

@@ -55,6 +55,11 @@ def test_attribute_from_dump_to_terminal(dump, capsys):
         (["--prompt", "1+1?", "--completion", "2 \\boxed{2}"], "a model is needed"),
         (["--prompt", "1+1?"], "prompt given without a completion"),
         ([], "give --prompt and --completion, or --from-jsonl FILE"),
+        # a credit's options are checked before the model loads (the model does not exist)
+        (["--model", "/no/such/model", "--prompt", "1?", "--completion", "1",
+          "--credit", "oar-g@noise_std=0&mode=last"], "noise_std must be > 0 unless mode is 'answer_joint'"),
+        (["--model", "/no/such/model", "--prompt", "1?", "--completion", "1", "--credit", "gtpo@alpha2=-Infinity"],
+         "alpha2 must be a finite number, got -inf"),
     ],
 )
 def test_attribute_user_errors(argv, message, capsys):
@@ -79,6 +84,9 @@ def test_attribute_computes_with_a_model(tmp_path, char_tokenizer, tiny_qwen2):
     assert page.count('class="example"') == 2 and page.count('data-credit="entropy"') == 2
     assert page.count('class="tok ') == 2 * sum(len(r["completion"]) for r in rows)
     assert "Spearman" in page
+    argv = ["attribute", "--model", str(model_dir), "--from-jsonl", str(pairs), "--credit", "oar-g@tau=0.5",
+            "--out", str(out)]  # a credit with options: its records carry it whole
+    assert main(argv) == 0 and out.read_text().count('data-credit="oar-g@tau=0.5"') == 2
     assert main(["attribute", "--model", str(model_dir), "--prompt", "1?", "--completion", "1 \\boxed{1}",
                  "--credit", "bogus"]) == 2
 

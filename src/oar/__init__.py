@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "masked_quantile": "oar.reshape",
     # token credit: the registry and the one function every caller runs
     "CreditBatch": "oar.credit",
+    "CreditSpec": "oar.credit",
     "TokenCredit": "oar.credit",
     "credit_names": "oar.credit",
     "get_credit": "oar.credit",

@@ -193,25 +193,27 @@ def attribute_batch(
         model / tokenizer: a causal LM (its current mode is restored afterwards) and its tokenizer.
         prompts / completions: texts, one prompt per completion. ``chat``: wrap each prompt in the
             tokenizer's chat template (as an instruct model saw it when generating).
-        credit: a registered credit method or control (``oar-g``, ``oar-p``, ``shuffle:oar-g``, ...).
+        credit: a credit and its options in one value (``oar-g``, ``oar-p@horizon=2``, ``shuffle:oar-g``, ...:
+            :class:`oar.credit.CreditSpec`); records carry its canonical text.
         probe: an :class:`oar.probe.OutcomeProbe`; default one with the default conclude text.
         rewards: each completion's reward, for methods that read the rollout group (``ktae``, ``gtpo``); the
             completions of one prompt text form a group, and the GRPO advantage is computed within it.
-        generator: random source of the scorer and the controls. ``options``: the method's options
-            (e.g. ``tau``, ``mode``, ``rho``).
+        generator: random source of the scorer and the controls. ``options``: more of the method's options
+            (e.g. ``tau=0.5``), added to those ``credit`` names (an option set both ways must agree).
 
     Returns:
         One :class:`AttributionRecord` per completion, in order.
     """
-    from oar.credit import CreditBatch, get_credit, token_credit
+    from oar.credit import CreditBatch, CreditSpec, token_credit
     from oar.probe import OutcomeProbe, rollout_tensors
 
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    method = get_credit(credit)
-    opts = method.check_options(options)
+    spec = CreditSpec.parse(credit).merged(options, "options")
+    resolved = spec.resolve()
+    method = resolved.method
     if method.needs_group and (rewards is None or len(rewards) != len(completions)):
         raise ValueError(f"credit {credit!r} reads the rollout group: pass one reward per completion (rewards=)")
     probe = probe or OutcomeProbe(tokenizer)
@@ -233,7 +235,7 @@ def attribute_batch(
     was_training = model.training
     model.eval()
     try:
-        tc = token_credit(method, batch, probe=probe, batch_size=batch_size, generator=generator, options=opts)
+        tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=generator)
     finally:
         model.train(was_training)
     out = []
@@ -242,7 +244,7 @@ def attribute_batch(
         out.append(AttributionRecord(
             tokens=decode_tokens(tokenizer, ids), scores=tc.scores[b, :k].tolist(),
             weights=tc.weights[b, :k].tolist(), reasoning=tc.mask[b, :k].tolist(),
-            answer=tc.answer_mask[b, :k].tolist(), credit=method.name, prompt=prompts[b],
+            answer=tc.answer_mask[b, :k].tolist(), credit=str(spec), prompt=prompts[b],
             reward=float(rewards[b]) if rewards else None,
             offsets=tc.offsets[b, :k].tolist() if tc.combine in ("add", "replace") else None,
         ))

@@ -34,38 +34,34 @@ OAR_STATE = "oar_state_{rank}.pth"
 logger = logging.getLogger(__name__)
 
 
-def save_oar_state(trainer: Any, checkpoint_dir: str) -> None:
-    """This rank's ``oar_state_{rank}.pth``: scorer generator state and rollout counter."""
-    state = {"generator": trainer._oar_generator.get_state(), "rollouts": int(trainer._oar_rollouts)}
-    torch.save(state, os.path.join(checkpoint_dir, OAR_STATE.format(rank=trainer.accelerator.process_index)))
+def save_oar_state(state: Any, checkpoint_dir: str, rank: int) -> None:
+    """Rank ``rank``'s ``oar_state_{rank}.pth``: ``state.state_dict()`` (the trainer's ``OARState``: scorer
+    generator state and rollout counter)."""
+    torch.save(state.state_dict(), os.path.join(checkpoint_dir, OAR_STATE.format(rank=rank)))
 
 
-def load_oar_state(trainer: Any, checkpoint_dir: str) -> None:
-    """Restore what :func:`save_oar_state` wrote; a checkpoint without it (an older oar) only warns."""
-    path = os.path.join(checkpoint_dir, OAR_STATE.format(rank=trainer.accelerator.process_index))
+def load_oar_state(state: Any, checkpoint_dir: str, rank: int) -> None:
+    """Restore what :func:`save_oar_state` wrote into ``state`` (``load_state_dict``); a checkpoint without it
+    (an older oar) only warns."""
+    path = os.path.join(checkpoint_dir, OAR_STATE.format(rank=rank))
     if not os.path.isfile(path):
         logger.warning("%s has no %s: the OAR scorer's random draws will not repeat the interrupted run's",
                        checkpoint_dir, os.path.basename(path))
         return
-    state = torch.load(path, weights_only=True)
-    trainer._oar_generator.set_state(state["generator"])
-    trainer._oar_rollouts = int(state["rollouts"])
+    state.load_state_dict(torch.load(path, weights_only=True))
 
 
 def save_atomic(trainer: Any, trial: Any, save: Callable[[], None]) -> None:
-    """Run ``save`` (TRL's ``_save_checkpoint``) with the trainer's output dir pointing into the staging dir,
-    then rename the finished ``checkpoint-N`` into place and rotate (``save_total_limit``)."""
+    """Run ``save`` (TRL's ``_save_checkpoint`` with the trainer's output dir pointing into the staging dir: the
+    trainer redirects it while ``save`` runs), then rename the finished ``checkpoint-N`` into place and rotate
+    (``save_total_limit``)."""
     run_dir = trainer._get_output_dir(trial)
     staging = os.path.join(run_dir, STAGING_DIR)
     name = f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
     trainer.accelerator.wait_for_everyone()
-    trainer._oar_staging = True
-    try:
-        save()  # rotates inside the staging dir: a no-op
-    finally:
-        trainer._oar_staging = False
+    save()  # rotates inside the staging dir: a no-op
     trainer.accelerator.wait_for_everyone()  # every rank has written its files (e.g. its RNG state)
     target = os.path.join(run_dir, name)
     staged_best = trainer.state.best_model_checkpoint == os.path.join(staging, name)

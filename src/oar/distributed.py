@@ -12,6 +12,10 @@ different numbers of passes pair up the wrong collectives and hang or abort. Two
   the number of scorer calls to the maximum over ranks with dummy calls (:func:`dummy_probe`), so every rank
   makes the same calls; a rank with nothing to score still joins.
 
+A method that reads whole rollout groups (``needs_group``) on a batch split over data-parallel ranks runs through
+:func:`group_token_credit`: every rank's rows are gathered (:func:`gather_rows`), scored together, and each rank
+keeps its own rows. The TRL trainer and the verl plugin both use it.
+
 FSDP1 is refused (:data:`FSDP1_MESSAGE`): its flat parameters cannot be scored through the unwrapped module, and
 an inputs-only backward drops accumulated gradients with ``use_orig_params=False``.
 """
@@ -19,7 +23,7 @@ an inputs-only backward drops accumulated gradients with ``use_orig_params=False
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
@@ -27,7 +31,7 @@ from typing import Any, Literal, TypeVar
 import torch
 import torch.distributed as dist
 
-from oar.credit import CreditBatch, CreditMethod, call_with_options
+from oar.credit import CreditBatch, ResolvedCredit, TokenCredit, call_with_options, token_credit
 
 Sharding = Literal["fsdp1", "fsdp2", "zero3"]
 T = TypeVar("T")
@@ -174,15 +178,16 @@ def dummy_probe(device: torch.device | str = "cpu", token_id: int = 0) -> tuple[
 
 @contextmanager
 def equal_scorer_calls(
-    method: CreditMethod, policy: torch.nn.Module, options: Mapping[str, Any],
-    group: dist.ProcessGroup | None = None,
-) -> Iterator[CreditMethod]:
-    """Yields ``method`` with a score function that counts its calls; on a normal exit, makes dummy calls on
+    credit: ResolvedCredit, policy: torch.nn.Module, group: dist.ProcessGroup | None = None,
+) -> Iterator[ResolvedCredit]:
+    """Yields ``credit`` with a score function that counts its calls; on a normal exit, makes dummy calls on
     ``policy`` (a :func:`dummy_probe`, or a 1-row batch for a method without probe; results discarded, own
     random source) until this rank has made as many calls as the busiest rank of ``group``.
 
-    Every rank of ``group`` must enter, also one with nothing to score. ``options``: the method's options.
+    Every rank of ``group`` must enter, also one with nothing to score. A method that samples continuations
+    (``needs_rollout``) gets no dummy calls: it has no rollout to sample from outside a real batch.
     """
+    method, options = credit
     calls: list[int] = []
 
     @functools.wraps(method.score)  # same signature: options and context still route to it
@@ -190,7 +195,9 @@ def equal_scorer_calls(
         calls.append(1)
         return method.score(*args, **kwargs)
 
-    yield replace(method, score=counted)
+    yield ResolvedCredit(replace(method, score=counted), options)
+    if method.needs_rollout:
+        return
     missing = max_over_ranks(len(calls), group) - len(calls)
     if missing <= 0:
         return
@@ -205,6 +212,52 @@ def equal_scorer_calls(
                             completion_mask=torch.ones_like(ids), advantages=zero, rewards=zero,
                             group=zero.long(), model=policy),)
         context.update(active=torch.ones(1, dtype=torch.bool, device=device), batch_size=1)
-    checked = method.check_options(options)
     for _ in range(missing):
-        call_with_options(method.score, *args, options=checked, **context)
+        call_with_options(method.score, *args, options=options, **context)
+
+
+def gather_rows(t: torch.Tensor, group: dist.ProcessGroup | None = None, left: bool = False,
+                pad: float | int = 0) -> tuple[torch.Tensor, slice]:
+    """Every rank's rows of ``t`` (``[b]`` or ``[b, L]``; ``b`` and ``L`` may differ between ranks) in rank order,
+    padded with ``pad`` to the widest ``L`` (in front when ``left``, as left-padded prompts), and this rank's
+    rows in the result. Every rank of ``group`` must call it; without a process group, ``t`` itself."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return t, slice(0, t.shape[0])
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    shape = torch.tensor([t.shape[0], t.shape[1] if t.dim() > 1 else 0], dtype=torch.int64, device=t.device)
+    shapes = [torch.empty_like(shape) for _ in range(world)]
+    dist.all_gather(shapes, shape, group=group)
+    rows = [int(s[0]) for s in shapes]
+    width = max(int(s[1]) for s in shapes)
+    x = t.to(torch.uint8) if t.dtype == torch.bool else t  # gloo gathers no bool
+    if x.dim() > 1 and x.shape[1] < width:
+        fill = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), pad)
+        x = torch.cat([fill, x] if left else [x, fill], dim=1)
+    if x.shape[0] < max(rows):
+        x = torch.cat([x, x.new_full((max(rows) - x.shape[0], *x.shape[1:]), pad)])
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    full = torch.cat([p[:n] for p, n in zip(parts, rows, strict=True)]).to(t.dtype)
+    start = sum(rows[:rank])
+    return full, slice(start, start + rows[rank])
+
+
+def group_token_credit(credit: ResolvedCredit, batch: CreditBatch, active: torch.Tensor,
+                       group: dist.ProcessGroup | None = None, **kwargs: Any) -> TokenCredit:
+    """:func:`oar.credit.token_credit` of a method that reads whole rollout groups, on a batch split over the ranks
+    of ``group``: every rank's rows are gathered (prompts left-padded, completions right-padded to one width),
+    scored together, and this rank's rows come back at its own width. ``batch.group`` must hold ids that are
+    unique over all ranks (a group may span ranks); ``batch.rewards`` and ``active`` (``[b]`` bool) are this
+    rank's. ``kwargs`` go to ``token_credit``. Every rank of ``group`` must call it."""
+    def gather(t: torch.Tensor | None, left: bool = False) -> torch.Tensor | None:
+        return None if t is None else gather_rows(t, group, left)[0]
+
+    every, mine = gather_rows(active.bool(), group)
+    full = CreditBatch(
+        prompt_ids=gather(batch.prompt_ids, left=True), prompt_mask=gather(batch.prompt_mask, left=True),
+        completion_ids=gather(batch.completion_ids), completion_mask=gather(batch.completion_mask),
+        advantages=gather(batch.advantages), rewards=gather(batch.rewards), group=gather(batch.group),
+        model=batch.model,
+    )
+    whole = token_credit(credit, full, active=every, **kwargs)
+    return whole.rows(mine, batch.completion_ids.shape[1])

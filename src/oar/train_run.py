@@ -20,7 +20,7 @@ from oar.files import check_writable_dir, read_jsonl
 from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template
 from oar.rundir import RunDirCallback
 from oar.train_data import format_train_dataset, read_train_dataset
-from oar.trainer import OARConfig
+from oar.trainer import DEPRECATED_OPTION_FIELDS, OARConfig, stored_credit
 
 
 @dataclass
@@ -68,6 +68,8 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
         parser.set_defaults(**cpu_defaults())
     script_args, config = parser.parse_args_and_config(args=argv)
     check_steps(config)
+    if script_args.max_train_samples is not None and script_args.max_train_samples < 1:
+        raise ValueError(f"max_train_samples must be >= 1 (or unset: every row), got {script_args.max_train_samples}")
     if script_args.conversational not in ("auto", "true", "false"):
         raise ValueError(f"conversational must be 'auto', 'true' or 'false', got {script_args.conversational!r}")
     check_template(script_args.prompt_template)
@@ -236,8 +238,13 @@ def check_resume(out: Path, script_args: TrainArguments, config: OARConfig) -> N
         raise ValueError(f"cannot read {path} to check the resumed settings: {err}") from err
     old = stored.get("config", {})
     new = json.loads(json.dumps(config.to_dict(), default=str))
+    credit_keys = {"credit", "credit_options", *DEPRECATED_OPTION_FIELDS}  # one value, compared resolved below
     diffs = [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old)
-             if k in new and k not in RESUMABLE_FIELDS and old[k] != new[k]]
+             if k in new and k not in RESUMABLE_FIELDS | credit_keys and old[k] != new[k]]
+    was = stored_credit(old)  # a run of an older oar: its credit spread over several fields
+    before, now = was.resolve(), config.resolved_credit
+    if (before.method.name, before.options) != (now.method.name, now.options):
+        diffs.insert(0, f"credit: {str(was)!r} -> {config.credit!r}")
     now = _train_args(script_args)
     before = stored.get("train_args", {"model": stored.get("model"), "dataset": stored.get("dataset")})
     diffs += [f"{k}: {before[k]!r} -> {now[k]!r}" for k in sorted(before) if k in now and before[k] != now[k]]

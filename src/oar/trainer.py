@@ -1,11 +1,11 @@
 """TRL adapter: ``OARGRPOTrainer`` turns GRPO's sequence advantages into OAR per-token advantages.
 
-With :mod:`oar.trl_rollout` (``vine``'s sampler and grader), the only module that knows TRL. Per rollout batch it
-calls TRL's own ``_generate_and_score_completions``, builds the outcome probe for the completions whose advantage
-is non-zero, scores their reasoning tokens with the policy (its full weights, also under FSDP2 and ZeRO-3:
-:mod:`oar.distributed`), reshapes the scores into Bi-Level weights and hands ``A[:, None] * w`` ([B, T]) back to
-TRL's loss. TRL buffers the batch, so the weights are computed once and reused across ``num_iterations`` and
-``steps_per_generation``, like the old log-probs.
+With :mod:`oar.trl_rollout` (the batch's rewards, ``vine``'s sampler and grader), the only module that knows TRL.
+Per rollout batch it calls TRL's own ``_generate_and_score_completions``, runs the configured credit
+(:func:`oar.credit.token_credit`: e.g. the outcome probe of the completions whose advantage is non-zero, scored
+with the policy's full weights, also under FSDP2 and ZeRO-3: :mod:`oar.distributed`, reshaped into Bi-Level
+weights) and hands ``A[:, None] * w + δ`` ([B, T]) back to TRL's loss. TRL buffers the batch, so the credit is
+computed once and reused across ``num_iterations`` and ``steps_per_generation``, like the old log-probs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,36 +26,48 @@ from trl import GRPOConfig, GRPOTrainer
 
 from oar import checkpoints
 from oar.checkpoints import STAGING_DIR
-from oar.credit import CreditBatch, CreditMethod, TokenCredit, get_credit, token_credit
-from oar.credit.metrics import metric_totals, metrics_from_totals
-from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, sharding_of
+from oar.credit import CreditBatch, CreditSpec, ResolvedCredit, TokenCredit, get_credit, token_credit
+from oar.credit.metrics import gather_totals, metric_totals, metrics_from_totals
+from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, group_token_credit, sharding_of
 from oar.probe import ANSWER_SOURCES, DEFAULT_CONCLUDE
 from oar.ranges import check_range
-from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
+from oar.trl_rollout import RolloutRewards
 
-PROBE_MODES = ("last", "answer_mean", "answer_joint")
-# OARConfig fields handed to a credit method as these options, when the method declares them
-_OPTION_FIELDS = {"tau": "oar_tau", "beta": "oar_beta", "floor": "oar_floor", "mode": "probe_mode",
-                  "noise_std": "noise_std", "chunk_size": "oar_chunk_size", "temperature": "temperature"}
+# deprecated OARConfig fields, each an alias of one credit option (write NAME@OPTION=VALUE into `credit` instead)
+DEPRECATED_OPTION_FIELDS = {"oar_tau": "tau", "oar_beta": "beta", "oar_floor": "floor", "probe_mode": "mode",
+                            "noise_std": "noise_std", "oar_chunk_size": "chunk_size"}
 logger = logging.getLogger(__name__)
+
+
+def _deprecated(option: str) -> dict[str, str]:
+    return {"help": f"Deprecated alias of the credit option {option!r}: write it into credit as "
+                    f"NAME@{option}=VALUE. Ignored by a credit without that option."}
 
 
 @dataclass
 class OARConfig(GRPOConfig):
-    """Configuration of :class:`OARGRPOTrainer`: TRL's ``GRPOConfig`` plus the fields below (OAR_SPEC's defaults).
+    """Configuration of :class:`OARGRPOTrainer`: TRL's ``GRPOConfig`` plus OAR's token credit (OAR_SPEC's defaults).
 
     Every field loads from YAML via ``TrlParser``; an invalid value raises ``ValueError`` naming the field and its
     allowed range. Each field's ``help`` metadata says what it does: docs/training.md's field table is generated
     from it, theme by theme as listed here (``python -m oar.config_table``; a test keeps the page equal).
 
+    ``credit`` names the method and its options in one value, ``NAME`` or ``NAME@OPT=VALUE&OPT=VALUE``
+    (``oar-p@horizon=2&chunk_size=64``; ``oar credits`` lists every method and option). It is resolved once, here:
+    after construction ``credit`` holds the canonical text (what ``run.json`` records) and ``resolved_credit`` the
+    registered method with every option checked (type, range, finiteness, the method's rules) and defaults filled
+    in. ``credit_options`` and the option fields are deprecated aliases (a ``FutureWarning``): they are merged into
+    ``credit`` and then cleared. GRPO's sampling ``temperature`` is GRPO's alone; a credit that reads the policy's
+    entropy at a temperature takes its own option (``gtpo@temperature=0.7``).
+
     Parameters:
         > Which token credit
 
-        credit, credit_options
+        credit
 
-        > Options of the credit method as fields (credit_options wins where both set one)
+        > Deprecated aliases of credit options (write NAME@OPT=VALUE into credit)
 
-        oar_tau, oar_beta, oar_floor, probe_mode, noise_std, oar_chunk_size
+        credit_options, oar_tau, oar_beta, oar_floor, probe_mode, noise_std, oar_chunk_size
 
         > The outcome probe (OAR_SPEC §2)
 
@@ -64,6 +77,10 @@ class OARConfig(GRPOConfig):
 
         oar_batch_size
 
+        > Rollouts
+
+        oar_rollout_dtype
+
         > Token-credit dumps
 
         oar_dump_every, oar_dump_count
@@ -71,24 +88,20 @@ class OARConfig(GRPOConfig):
 
     credit: str = field(
         default="oar-g",
-        metadata={"help": "Token credit: a registered method (oar.credit.credit_names(): grpo, oar-g, oar-p, "
-                          "entropy, random, entropy-mask, gtpo, ktae, cf-span, vine, ...) or a control shuffle:NAME / "
-                          "inverted:NAME. 'grpo' = uniform weights (plain GRPO)."},
+        metadata={"help": "Token credit: NAME or NAME@OPT=VALUE&OPT=VALUE (e.g. oar-p@horizon=2&chunk_size=64): a "
+                          "registered method (`oar credits`: grpo, oar-g, oar-p, oar-pg, oar-prefix, entropy, random, "
+                          "entropy-mask, gtpo, ktae, cf-span, vine, vine-w) with its options, or a control "
+                          "shuffle:NAME / inverted:NAME. 'grpo' = plain GRPO (uniform weights)."},
     )
     credit_options: dict | str | None = field(
         default=None,
-        metadata={"help": "Options of the credit method (a dict, or a JSON object string), e.g. {\"rho\": 0.2}; "
-                          "the method declares them (oar.credit.get_credit(name).options). They override the "
-                          "oar_tau/oar_beta/oar_floor/probe_mode/noise_std/oar_chunk_size fields."},
+        metadata={"help": "Deprecated: write the options into credit (NAME@OPT=VALUE). A dict or a JSON object "
+                          "string, merged into credit's options (an option set both ways must agree)."},
     )
-    oar_tau: float = field(default=TAU, metadata={"help": "Bi-Level quantile level, in (0, 1)."})
-    oar_beta: float = field(default=BETA, metadata={"help": "Bi-Level boost strength, >= 0."})
-    oar_floor: float = field(default=FLOOR, metadata={"help": "Minimum weight of a suppressed token, in [0, 1]."})
-    probe_mode: str | None = field(
-        default=None,
-        metadata={"help": f"How P_final is read: one of {PROBE_MODES}; None = the scorer's default "
-                          "(oar-g: answer_joint, oar-p: last)."},
-    )
+    oar_tau: float | None = field(default=None, metadata=_deprecated("tau"))
+    oar_beta: float | None = field(default=None, metadata=_deprecated("beta"))
+    oar_floor: float | None = field(default=None, metadata=_deprecated("floor"))
+    probe_mode: str | None = field(default=None, metadata=_deprecated("mode"))
     conclude_text: str = field(
         default=DEFAULT_CONCLUDE,
         metadata={"help": "Text appended after the reasoning to elicit the final answer in the probe."},
@@ -101,20 +114,14 @@ class OARConfig(GRPOConfig):
     reference_column: str = field(
         default="answer", metadata={"help": "Dataset column holding the reference answer."}
     )
-    noise_std: float | None = field(
-        default=None, metadata={"help": "OAR-G: std of the Gaussian noise on the reasoning embeddings, >= 0; None = "
-                                        "the scorer's default (0 with answer_joint, 1e-3 with the KL modes)."}
-    )
+    noise_std: float | None = field(default=None, metadata=_deprecated("noise_std"))
     oar_batch_size: int = field(
         default=16, metadata={"help": "Completions per importance-scorer call, >= 1 (bounds the probes' memory)."}
     )
-    oar_chunk_size: int | None = field(
-        default=None,
-        metadata={"help": "OAR-P: perturbed positions per forward pass, >= 1; None = the scorer's default."},
-    )
+    oar_chunk_size: int | None = field(default=None, metadata=_deprecated("chunk_size"))
     oar_max_probe_length: int | None = field(
-        default=None, metadata={"help": "Longest probe in tokens: a longer one loses prompt tokens from the left "
-                                        "(flag truncated); None = no limit."}
+        default=None, metadata={"help": "Longest probe in tokens, >= 2: a longer one loses prompt tokens from the "
+                                        "left (flag truncated); None = no limit."}
     )
     oar_dump_every: int = field(
         default=0,
@@ -135,40 +142,19 @@ class OARConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.credit_options, str):
-            try:
-                self.credit_options = json.loads(self.credit_options)
-            except ValueError as err:
-                raise ValueError(f"credit_options must be a JSON object, got {self.credit_options!r}") from err
-        if self.credit_options is not None and not isinstance(self.credit_options, dict):
-            raise ValueError(f"credit_options must be a dict or a JSON object, got {self.credit_options!r}")
-        try:
-            method = get_credit(self.credit)
-        except ValueError as err:
-            raise ValueError(f"credit: {err}") from None
-        if self.probe_mode is not None and self.probe_mode not in PROBE_MODES:
-            raise ValueError(f"probe_mode must be one of {PROBE_MODES} or None, got {self.probe_mode!r}")
+        spec = self._merged_credit()
+        self.resolved_credit: ResolvedCredit = spec.resolve()
+        self.credit, self.credit_options = str(spec), None
+        for name in DEPRECATED_OPTION_FIELDS:
+            setattr(self, name, None)
+        self._note_temperature(spec)
         if self.answer_source not in ANSWER_SOURCES:
             raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {self.answer_source!r}")
-        check_range("oar_tau", self.oar_tau, TAU_RANGE)
-        check_range("oar_beta", self.oar_beta, BETA_RANGE)
-        check_range("oar_floor", self.oar_floor, FLOOR_RANGE)
-        if self.noise_std is not None and not (self.noise_std >= 0.0 and math.isfinite(self.noise_std)):
-            raise ValueError(f"noise_std must be a finite number >= 0, got {self.noise_std!r}")
-        opts = self.method_options(method)
-        base = method.base or method.name
-        guide = {"oar-g": "mode", "oar-pg": "guide_mode"}.get(base)  # the option holding OAR-G's outcome mode
-        if guide and opts["noise_std"] == 0.0 and opts[guide] != "answer_joint":
-            raise ValueError(f"noise_std must be > 0 for credit={base!r} unless its {guide} is 'answer_joint' "
-                             "(the KL outcome has zero gradient without noise)")
-        for name in ("oar_batch_size", "oar_chunk_size", "oar_dump_count"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value!r}")
-        if self.oar_dump_every < 0:
-            raise ValueError(f"oar_dump_every must be >= 0 (0 = off), got {self.oar_dump_every!r}")
-        if self.oar_max_probe_length is not None and self.oar_max_probe_length < 2:
-            raise ValueError(f"oar_max_probe_length must be >= 2 or None, got {self.oar_max_probe_length!r}")
+        for name in ("oar_batch_size", "oar_dump_count"):
+            check_range(name, getattr(self, name), ">= 1")
+        check_range("oar_dump_every", self.oar_dump_every, ">= 0")
+        if self.oar_max_probe_length is not None:
+            check_range("oar_max_probe_length", self.oar_max_probe_length, ">= 2")
         if not self.conclude_text:
             raise ValueError("conclude_text must be a non-empty string")
         if self.oar_rollout_dtype is not None and not isinstance(getattr(torch, str(self.oar_rollout_dtype), None),
@@ -176,36 +162,100 @@ class OARConfig(GRPOConfig):
             raise ValueError(f"oar_rollout_dtype must name a torch dtype (e.g. 'bfloat16') or be None, "
                              f"got {self.oar_rollout_dtype!r}")
 
-    def method_options(self, method: Any = None) -> dict[str, Any]:
-        """The credit method's options: its declared defaults, then the matching OAR fields, then
-        ``credit_options``; ValueError naming an option the method does not declare or a value its declaration
-        refuses (``oar_beta must be >= 0, got -1``, ``credit 'oar-g': beta must be >= 0, got -1``)."""
-        method = method or get_credit(self.credit)
-        fields_ = {k: getattr(self, f) for k, f in _OPTION_FIELDS.items()
-                   if k in method.options and getattr(self, f) is not None}
-        for k, value in fields_.items():  # the option's declaration, the field's name in the error
-            if k in method.specs:
-                method.specs[k].check(_OPTION_FIELDS[k], value)
-        return method.check_options({**fields_, **(self.credit_options or {})})
+    def _merged_credit(self) -> CreditSpec:
+        """``credit`` with the deprecated inputs merged in (one ``FutureWarning`` naming the replacement)."""
+        spec = CreditSpec.parse(self.credit)
+        try:
+            method = get_credit(spec.name)
+        except ValueError as err:  # listing the registered names
+            raise ValueError(f"credit: {err}") from None
+        used = []
+        options = self.credit_options
+        if isinstance(options, str):
+            try:
+                options = json.loads(options)
+            except ValueError as err:
+                raise ValueError(f"credit_options must be a JSON object, got {options!r}") from err
+        if options is not None:
+            if not isinstance(options, Mapping):
+                raise ValueError(f"credit_options must be a dict or a JSON object, got {options!r}")
+            spec = spec.merged(options, "credit_options")
+            used.append("credit_options")
+        for name, option in DEPRECATED_OPTION_FIELDS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            used.append(name)
+            if option in method.options:
+                method.specs[option].check(name, value)  # the field's name in the error
+                spec = spec.merged({option: value}, name)
+        if used:
+            warnings.warn(f"OARConfig.{', OARConfig.'.join(used)} {'is' if len(used) == 1 else 'are'} deprecated and "
+                          f"will be removed: write the options into the credit, credit={str(spec)!r}",
+                          FutureWarning, stacklevel=4)
+        return spec
+
+    def _note_temperature(self, spec: CreditSpec) -> None:
+        """Warn when the credit reads the policy at its own ``temperature`` option, left at its default, while
+        GRPO samples at another (an older oar set that option from the sampler's temperature)."""
+        declared = self.resolved_credit.method.options.get("temperature")
+        if "temperature" in spec.options or declared is None or declared == self.temperature:
+            return
+        warnings.warn(f"credit {spec.name!r} reads the policy at its own temperature option ({declared}), not at "
+                      f"GRPO's sampling temperature ({self.temperature}); write credit='{spec.name}@temperature="
+                      f"{self.temperature}' (with its other options) to score at the sampling temperature",
+                      UserWarning, stacklevel=4)
+
+
+def stored_credit(config: Mapping[str, Any]) -> CreditSpec:
+    """The credit a stored config (``run.json``'s ``"config"``) trained with, as one value: its ``credit`` plus,
+    for a run of an older oar, its ``credit_options`` and option fields (those at their option's default left
+    out), where GRPO's ``temperature`` also set a credit's ``temperature`` option."""
+    spec = CreditSpec.parse(config.get("credit", "oar-g"))
+    method = get_credit(spec.name)
+    older = {option: config[name] for name, option in DEPRECATED_OPTION_FIELDS.items()
+             if config.get(name) is not None and option in method.options}
+    legacy = any(config.get(name) is not None for name in DEPRECATED_OPTION_FIELDS)  # this oar clears them
+    if legacy and "temperature" in method.options and config.get("temperature") is not None:
+        older["temperature"] = config["temperature"]  # an older oar routed the sampler's temperature
+    older = {k: v for k, v in older.items() if v != method.options[k]}
+    return CreditSpec(spec.name, {**older, **spec.options, **(config.get("credit_options") or {})})
+
+
+@dataclass
+class OARState:
+    """What ``OARGRPOTrainer`` adds to a checkpoint (``oar_state_{rank}.pth``, :mod:`oar.checkpoints`): the
+    generator the credit's random draws come from (OAR-G noise, the random baseline, the shuffle control; its own,
+    so the rollout RNG stream stays plain GRPO's) and the count of rollout batches (paces ``oar_dump_every``)."""
+
+    generator: torch.Generator
+    rollouts: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "rollouts": int(self.rollouts)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.rollouts = int(state["rollouts"])
 
 
 class OARGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` with OAR token credit. Same constructor as TRL's; ``args`` must be an ``OARConfig``.
 
-    Logs per step, next to TRL's metrics: ``oar/weight_*`` (``weight_stats`` of the reasoning-token weights),
-    ``oar/ess_ratio``, ``oar/gini``, ``oar/frac_scored`` (completions with non-zero advantage),
-    ``oar/frac_uniform`` (scored completions left at uniform weights) and its causes ``oar/frac_no_answer``,
-    ``oar/frac_too_short``, ``oar/frac_nonfinite``, ``oar/importance_time`` (seconds per rollout batch),
-    ``oar/importance_share`` (of the summed ``step_time``) and ``oar/grad_clipped`` (1 when the logged step's
-    ``grad_norm`` exceeded ``max_grad_norm``, i.e. clipping scaled the update down).
+    Logs per step, next to TRL's metrics (:mod:`oar.credit.metrics`, the schema the verl plugin logs too):
+    ``oar/weight_*`` (``weight_stats`` of the weights of the tokens acted on), ``oar/ess_ratio``, ``oar/gini``,
+    ``oar/frac_scored`` (completions with non-zero advantage), ``oar/frac_uniform`` (scored completions left at
+    uniform weights) and its causes ``oar/frac_no_answer``, ``oar/frac_too_short``, ``oar/frac_too_long``,
+    ``oar/frac_nonfinite``; ``oar/importance_time`` (seconds per rollout batch, the slowest process),
+    ``oar/importance_share`` (of the summed ``step_time``), ``oar/nonfinite_rewards`` and ``oar/grad_clipped``
+    (1 when the logged step's ``grad_norm`` exceeded ``max_grad_norm``, i.e. clipping scaled the update down).
 
     Checkpoints are atomic: ``checkpoint-N`` is written into ``OUTPUT_DIR/.checkpoint-staging/`` and renamed into
-    place once complete, so a ``checkpoint-N`` directory is never half-written.
+    place once complete, so a ``checkpoint-N`` directory is never half-written. Each carries :class:`OARState`.
     """
 
-    _oar_staging = False  # True while a checkpoint is being written: ``_get_output_dir`` points into the staging dir
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._staging = False  # True while a checkpoint is written: ``_get_output_dir`` points into the staging dir
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, OARConfig):
             raise ValueError(f"OARGRPOTrainer needs args=OARConfig(...), got {type(self.args).__name__}")
@@ -213,12 +263,11 @@ class OARGRPOTrainer(GRPOTrainer):
         if self.args.answer_source == "reference" and columns is not None and self.args.reference_column not in columns:
             raise ValueError(f"answer_source='reference' reads reference_column={self.args.reference_column!r}, "
                              f"which the train dataset lacks; columns: {columns}")
-        self._credit = get_credit(self.args.credit)
-        self._credit_options = self.args.method_options(self._credit)
-        if self._credit.needs_policy and self.is_fsdp_enabled and not self.accelerator.is_fsdp2:
+        method = self.args.resolved_credit.method
+        if method.needs_policy and self.is_fsdp_enabled and not self.accelerator.is_fsdp2:
             raise ValueError(f"credit={self.args.credit!r}: {FSDP1_MESSAGE}")
         self._probe = None
-        if self._credit.needs_probe:
+        if method.needs_probe:
             from oar.probe import OutcomeProbe
 
             self._probe = OutcomeProbe(
@@ -227,11 +276,10 @@ class OARGRPOTrainer(GRPOTrainer):
                 answer_source=self.args.answer_source,
                 max_length=self.args.oar_max_probe_length,
             )
-        # OAR-G noise and the random baseline draw from their own generator: the rollout RNG stream stays
-        # the same as plain GRPO's
-        self._oar_generator = torch.Generator(device=self.accelerator.device)
-        self._oar_generator.manual_seed(self.args.seed + 7919 * self.accelerator.process_index)
-        self._oar_rollouts = 0
+        generator = torch.Generator(device=self.accelerator.device)
+        generator.manual_seed(self.args.seed + 7919 * self.accelerator.process_index)
+        self.oar_state = OARState(generator)
+        self._rewards: RolloutRewards | None = None  # the latest rollout batch's, from _calculate_rewards
         self._rollout_copy = None
         if self.args.oar_rollout_dtype is not None:
             if self.accelerator.num_processes > 1 or sharding_of(self.model_wrapped) is not None or self.use_vllm:
@@ -248,16 +296,17 @@ class OARGRPOTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
         if not self.model.training:  # evaluation: the loss is reported with plain GRPO advantages
             return output
-        self._check_rewards(output["completion_ids"].shape[0])
+        n = output["completion_ids"].shape[0]
+        self._check_rewards(self._batch_rewards(n))
         t0 = time.perf_counter()
         credit = self._token_credit(inputs, output)
         sequence_advantages = output["advantages"]  # [B]
         output["advantages"] = credit.advantages(sequence_advantages)  # [B, T]
         self._log_oar_metrics(credit, time.perf_counter() - t0)
-        if self.args.oar_dump_every and self._oar_rollouts % self.args.oar_dump_every == 0 \
+        if self.args.oar_dump_every and self.oar_state.rollouts % self.args.oar_dump_every == 0 \
                 and self.accelerator.is_main_process and credit.flags["scored"].any():
             self._dump_attributions(inputs, output, credit, sequence_advantages)
-        self._oar_rollouts += 1
+        self.oar_state.rollouts += 1
         return output
 
     # --- pieces ------------------------------------------------------------------------------------------
@@ -283,96 +332,66 @@ class OARGRPOTrainer(GRPOTrainer):
         whole pass, :func:`oar.distributed.full_policy`), and every process makes the same number of scorer
         calls (light ones add dummy calls), so sharded collectives always pair up.
         """
-        m = self._credit
-        if not m.needs_policy:
-            return self._credit_with(m, None, inputs, output)
+        credit = self.args.resolved_credit
+        if not credit.method.needs_policy:
+            return self._credit_with(credit, None, inputs, output)
         if sharding_of(self.model_wrapped) is None:
             policy_ctx = nullcontext(self.accelerator.unwrap_model(self.model))  # the policy without DDP hooks
         else:
             policy_ctx = full_policy(self.model_wrapped)
-        with policy_ctx as policy, equal_scorer_calls(m, policy, self._credit_options) as counted:
+        with policy_ctx as policy, equal_scorer_calls(credit, policy) as counted:
             return self._credit_with(counted, policy, inputs, output)
 
-    def _credit_with(self, m: CreditMethod, model: Any, inputs: list[dict[str, Any]],
+    def _credit_with(self, credit: ResolvedCredit, model: Any, inputs: list[dict[str, Any]],
                      output: dict[str, Any]) -> TokenCredit:
-        a = self.args
+        a, m = self.args, credit.method
         adv = output["advantages"]
-        rollout = rewards = None
-        if getattr(m.score, "needs_rollout", False):  # vine: continuations from the policy, graded by reward_funcs
+        n, rank = adv.shape[0], self.accelerator.process_index
+        rollout = None
+        if m.needs_rollout:  # vine: continuations from the policy, graded by reward_funcs
             from oar.trl_rollout import TRLContinuations
 
             rollout = TRLContinuations(self, inputs, model)
-            n, p = adv.shape[0], self.accelerator.num_processes
-            start = self.accelerator.process_index * n
-            rewards = torch.tensor(self._rollout_rewards(n * p)[start : start + n], device=adv.device)
         batch = CreditBatch(
             prompt_ids=output["prompt_ids"], prompt_mask=output["prompt_mask"],
             completion_ids=output["completion_ids"], completion_mask=output["completion_mask"], advantages=adv,
-            model=model, rollout=rollout, rewards=rewards,
+            rewards=self._batch_rewards(n).local(rank, n).total().to(adv.device),
+            group=(rank * n + torch.arange(n, device=adv.device)) // self.num_generations,  # TRL's layout
+            model=model, rollout=rollout,
             tokenizer=getattr(self.processing_class, "tokenizer", self.processing_class),
         )
         refs = [str(row[a.reference_column]) for row in inputs] if a.answer_source == "reference" else None
         kwargs = dict(probe=self._probe, references=refs, batch_size=a.oar_batch_size,
-                      generator=self._oar_generator, options=self._credit_options)
-        if m.name == "grpo":  # nothing to score: weights 1, logged as 0 completions scored
-            return token_credit(m, batch, active=torch.zeros_like(adv, dtype=torch.bool), **kwargs)
-        if not m.needs_group:
-            credit = token_credit(m, batch, active=adv != 0, **kwargs)
-            if rollout is not None:
-                self._log_rollout_cost(rollout.cost)
-            return credit
-        # group statistics need whole groups: score the gathered rollout batch, keep this process's rows
-        full = self._gathered_batch(batch)
-        credit = token_credit(m, full, active=full.advantages != 0, **kwargs)
-        n, start = adv.shape[0], self.accelerator.process_index * adv.shape[0]
-        T = batch.completion_ids.shape[1]
-        sl = slice(start, start + n)
-        local = {k: getattr(credit, k)[sl, :T] for k in ("weights", "offsets", "scores", "mask", "answer_mask")}
-        return TokenCredit(credit.method, credit.combine, **local,
-                           flags={k: v[sl] for k, v in credit.flags.items()})
-
-    def _gathered_batch(self, batch: CreditBatch) -> CreditBatch:
-        """The rollout batch of every process (padded to one length), with TRL's rewards and group ids."""
-        acc = self.accelerator
-
-        def gather(t: torch.Tensor, left: bool = False) -> torch.Tensor:
-            if acc.num_processes == 1:
-                return t
-            return acc.gather(acc.pad_across_processes(t, dim=1, pad_index=0, pad_first=left))
-
-        adv = acc.gather(batch.advantages) if acc.num_processes > 1 else batch.advantages
-        n = adv.shape[0]
-        rewards = torch.tensor(self._rollout_rewards(n), dtype=torch.float32, device=adv.device)
-        group = torch.arange(n, device=adv.device) // self.num_generations
-        return CreditBatch(
-            prompt_ids=gather(batch.prompt_ids, left=True), prompt_mask=gather(batch.prompt_mask, left=True),
-            completion_ids=gather(batch.completion_ids), completion_mask=gather(batch.completion_mask),
-            advantages=adv, rewards=rewards, group=group, model=batch.model,
-        )
+                      generator=self.oar_state.generator)
+        if m.needs_group:  # group statistics need whole groups: every process's rows, scored together
+            return group_token_credit(credit, batch, adv != 0, **kwargs)
+        tc = token_credit(credit, batch, active=adv != 0, **kwargs)
+        if rollout is not None:
+            self._log_rollout_cost(rollout.cost)
+        return tc
 
     def _log_rollout_cost(self, cost: dict[str, int]) -> None:
         """Log what ``vine`` generated for this rollout batch, summed over ranks: ``oar/rollout_states`` (states
         sampled), ``oar/rollout_tokens`` (continuation tokens generated), ``oar/rollout_graded`` (completions
         graded) and ``oar/rollout_steps`` (steps per scored completion)."""
         keys = ("states", "tokens", "graded", "steps", "rows")
-        local = torch.tensor([float(cost[k]) for k in keys], dtype=torch.float64, device=self.accelerator.device)
-        tot = dict(zip(keys, self.accelerator.gather(local).view(-1, len(keys)).sum(0).tolist(), strict=True))
+        tot = {k: float(v.sum()) for k, v in gather_totals({k: cost[k] for k in keys}, self.accelerator.gather,
+                                                           self.accelerator.device).items()}
         m = self._metrics["train"]
         for k in ("states", "tokens", "graded"):
             m[f"oar/rollout_{k}"].append(tot[k])
         m["oar/rollout_steps"].append(tot["steps"] / tot["rows"] if tot["rows"] else 0.0)
 
     def _log_oar_metrics(self, credit: TokenCredit, seconds: float) -> None:
-        """Reduce the diagnostics over ranks (:mod:`oar.credit.metrics`: the schema the verl plugin logs too) and
-        queue them for TRL's ``log``, with ``oar/importance_time`` (the slowest rank's seconds). Every rank logs
-        the same keys, whatever it scored."""
-        local = metric_totals(credit.weights, credit.offsets, credit.mask, credit.flags) + [seconds]
-        g = self.accelerator.gather(torch.tensor(local, dtype=torch.float64, device=self.accelerator.device))
-        g = g.view(self.accelerator.num_processes, -1)
+        """Reduce the credit's totals over ranks by name (:mod:`oar.credit.metrics`) and queue them for TRL's
+        ``log``, with ``oar/importance_time`` (the slowest rank's seconds). Every rank logs the same keys,
+        whatever it scored."""
+        totals = {**metric_totals(credit.weights, credit.offsets, credit.mask, credit.flags), "seconds": seconds}
+        every = gather_totals(totals, self.accelerator.gather, self.accelerator.device)
         m = self._metrics["train"]
-        for key, value in metrics_from_totals(g[:, :-1]).items():
+        for key, value in metrics_from_totals(every).items():
             m[key].append(value)
-        m["oar/importance_time"].append(g[:, -1].max().item())
+        m["oar/importance_time"].append(every["seconds"].max().item())
 
     def _dump_attributions(self, inputs: list[dict[str, Any]], output: dict[str, Any], credit: TokenCredit,
                            sequence_advantages: torch.Tensor) -> None:
@@ -381,8 +400,7 @@ class OARGRPOTrainer(GRPOTrainer):
 
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
         n_local = output["completion_ids"].shape[0]
-        p, start = self.accelerator.num_processes, self.accelerator.process_index * n_local
-        rewards = self._rollout_rewards(n_local * p)[start : start + n_local]
+        rewards = self._batch_rewards(n_local).local(self.accelerator.process_index, n_local).total().tolist()
         rows = credit.flags["scored"].nonzero().squeeze(1).tolist()[: self.args.oar_dump_count]
         records = []
         for i in rows:
@@ -405,61 +423,61 @@ class OARGRPOTrainer(GRPOTrainer):
         append_records(os.path.join(self.args.output_dir, "attributions.jsonl"), records)
 
     def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> torch.Tensor:
-        """TRL's per-function rewards of the rollout batch (``[N, F]``, all processes, rank order), kept on the
-        trainer for the credit methods that read rewards, the attribution dumps and the reward check."""
+        """TRL's per-function rewards of the rollout batch (``[N, F]``, all processes, rank order), kept as the
+        batch's :class:`oar.trl_rollout.RolloutRewards` for the credit methods that read rewards, the attribution
+        dumps and the reward check."""
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._oar_rewards_per_func = rewards_per_func.detach().float().cpu().clone()
+        self._rewards = RolloutRewards(rewards_per_func.detach().float().cpu().clone(),
+                                       self.reward_weights.detach().float().cpu())
         return rewards_per_func
 
-    def _rewards_per_func(self, n: int) -> torch.Tensor:
-        """``[F, n]``: the latest rollout batch's rewards per reward function (``n``: all processes' completions)."""
-        per_func = getattr(self, "_oar_rewards_per_func", None)
-        if per_func is None or per_func.shape[0] != n:
-            raise RuntimeError(f"oar: expected the rewards of {n} completions from TRL's _calculate_rewards, got "
-                               f"{None if per_func is None else tuple(per_func.shape)}")
-        return per_func.T
+    def _batch_rewards(self, n_local: int) -> RolloutRewards:
+        """The latest rollout batch's rewards, every process's ``n_local`` completions."""
+        n = n_local * self.accelerator.num_processes
+        if self._rewards is None or self._rewards.per_func.shape[0] != n:
+            got = None if self._rewards is None else tuple(self._rewards.per_func.shape)
+            raise RuntimeError(f"oar: expected the rewards of {n} completions from TRL's _calculate_rewards, got {got}")
+        return self._rewards
 
-    def _rollout_rewards(self, n: int) -> list[float]:
-        """TRL's total reward (``reward_weights``-weighted sum) of the latest rollout batch's ``n`` completions
-        (all processes, rank order); NaN where no reward function scored one."""
-        per_func = self._rewards_per_func(n)
-        total = (per_func * self.reward_weights.cpu()[:, None]).nansum(0)
-        return [float("nan") if unscored else float(r)
-                for r, unscored in zip(total, per_func.isnan().all(0), strict=True)]
-
-    def _check_rewards(self, n: int) -> None:
-        """Log ``oar/nonfinite_rewards`` (completions of the latest rollout batch, all ranks, whose reward is inf,
-        or NaN from every reward function) and warn when there are any: TRL zeroes their advantages (an inf
-        zeroes its whole group's), so they train on nothing."""
-        per_func = self._rewards_per_func(n * self.accelerator.num_processes)
-        bad = per_func.isinf().any(0) | per_func.isnan().all(0)  # [n * p]
+    def _check_rewards(self, rewards: RolloutRewards) -> None:
+        """Log ``oar/nonfinite_rewards`` (completions of the rollout batch, all ranks, whose reward is inf, or NaN
+        from every reward function) and warn when there are any: TRL zeroes their advantages (an inf zeroes its
+        whole group's), so they train on nothing."""
+        bad = rewards.nonfinite()
         count = int(bad.sum())
         self._metrics["train"]["oar/nonfinite_rewards"].append(float(count))
         if count and self.accelerator.is_main_process:
             logger.warning(
                 "oar: %d of %d completions in rollout batch %d (step %d) have a non-finite reward (inf or NaN); "
                 "their advantages are zero%s. Check the reward functions %s.", count, bad.numel(),
-                self._oar_rollouts, self.state.global_step,
+                self.oar_state.rollouts, self.state.global_step,
                 ": this batch trains on nothing" if count == bad.numel() else "", self.reward_func_names,
             )
 
     # --- atomic checkpoints with OAR's own state (oar.checkpoints) -----------------------------------------
     def _get_output_dir(self, trial: Any) -> str:
         run_dir = super()._get_output_dir(trial)
-        return os.path.join(run_dir, STAGING_DIR) if self._oar_staging else run_dir
+        return os.path.join(run_dir, STAGING_DIR) if self._staging else run_dir
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """TRL's checkpoint, written into the staging dir, then renamed to ``checkpoint-N`` and rotated."""
-        checkpoints.save_atomic(self, trial, lambda: super(OARGRPOTrainer, self)._save_checkpoint(model, trial))
+        def save_staged() -> None:
+            self._staging = True
+            try:
+                super(OARGRPOTrainer, self)._save_checkpoint(model, trial)
+            finally:
+                self._staging = False
+
+        checkpoints.save_atomic(self, trial, save_staged)
 
     def _save_rng_state(self, output_dir: str) -> None:
         super()._save_rng_state(output_dir)
-        checkpoints.save_oar_state(self, output_dir)
+        checkpoints.save_oar_state(self.oar_state, output_dir, self.accelerator.process_index)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         super()._load_rng_state(checkpoint)
         if checkpoint is not None:
-            checkpoints.load_oar_state(self, checkpoint)
+            checkpoints.load_oar_state(self.oar_state, checkpoint, self.accelerator.process_index)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         m = self._metrics["train"]
@@ -469,4 +487,3 @@ class OARGRPOTrainer(GRPOTrainer):
         if grad_norm is not None and self.args.max_grad_norm and self.args.max_grad_norm > 0:
             logs["oar/grad_clipped"] = float(grad_norm > self.args.max_grad_norm)
         super().log(logs, start_time)
-

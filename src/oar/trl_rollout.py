@@ -1,5 +1,7 @@
-"""The TRL side of ``vine``: continuations sampled from the policy with ``generate`` and graded by the trainer's
-reward functions, called the way TRL calls them (:class:`oar.credit.peers.vine.Continuations`)."""
+"""The TRL rollout as the credit methods read it: the rewards of one rollout batch (:class:`RolloutRewards`, kept
+from TRL's ``_calculate_rewards``) and, for ``vine``, continuations sampled from the policy with ``generate`` and
+graded by the trainer's reward functions, called the way TRL calls them
+(:class:`oar.credit.peers.vine.Continuations`). Both weigh the reward functions with :func:`reward_total`."""
 
 from __future__ import annotations
 
@@ -7,11 +9,43 @@ import asyncio
 import copy
 import inspect
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from oar.credit.peers.vine import RowView
+
+
+def reward_total(per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``[N]`` TRL's total reward from the rewards per function ``[N, F]`` (NaN where a function gave None):
+    the ``reward_weights`` (``[F]``) weighted sum, NaN-skipping, so 0 where no function scored (what TRL trains
+    on)."""
+    return (per_func * weights.to(per_func.device)[None, :]).nansum(dim=1)
+
+
+@dataclass(frozen=True)
+class RolloutRewards:
+    """The rewards of one rollout batch as TRL computed them: ``per_func`` ``[N, F]`` float32 on CPU, every
+    process's completions in rank order (NaN where a function gave None), and the ``reward_weights`` ``[F]``."""
+
+    per_func: torch.Tensor
+    weights: torch.Tensor
+
+    def local(self, rank: int, n: int) -> RolloutRewards:
+        """Process ``rank``'s ``n`` completions (TRL gives every process an equal share, in rank order)."""
+        if self.per_func.shape[0] < (rank + 1) * n:
+            raise RuntimeError(f"oar: rewards of {self.per_func.shape[0]} completions, expected at least "
+                               f"{(rank + 1) * n} (process {rank}, {n} each)")
+        return RolloutRewards(self.per_func[rank * n : (rank + 1) * n], self.weights)
+
+    def total(self) -> torch.Tensor:
+        """``[N]`` TRL's total reward (:func:`reward_total`); NaN where no reward function scored the completion."""
+        return reward_total(self.per_func, self.weights).masked_fill(self.per_func.isnan().all(dim=1), float("nan"))
+
+    def nonfinite(self) -> torch.Tensor:
+        """``[N]`` bool: a reward is inf, or every function gave NaN (TRL zeroes such a completion's advantage)."""
+        return self.per_func.isinf().any(dim=1) | self.per_func.isnan().all(dim=1)
 
 
 class TRLContinuations:
@@ -120,4 +154,4 @@ class TRLContinuations:
             if inspect.isawaitable(out):
                 out = asyncio.run(out)
             per_func[:, j] = torch.tensor([float("nan") if r is None else float(r) for r in out])
-        return (per_func * t.reward_weights.cpu()[None, :]).nansum(dim=1)
+        return reward_total(per_func, t.reward_weights.cpu())

@@ -134,6 +134,7 @@ def steps(n_steps: int, labels: list[str] | None = None) -> dict:
     """Median CPU seconds per step and its breakdown: generation (``_generate``), scoring (``_token_credit``),
     the rest of the rollout (rewards, old log-probs: ``_prepare_inputs`` minus both), the loss forward
     (``compute_loss``) and the backward (``training_step`` minus ``_prepare_inputs`` and ``compute_loss``)."""
+    from oar.credit import CreditSpec
     from oar.files import iter_jsonl
     from oar.lab.run import RunConfig, train_lab
     from oar.trainer import OARGRPOTrainer
@@ -147,9 +148,8 @@ def steps(n_steps: int, labels: list[str] | None = None) -> dict:
         if labels is not None and label not in labels and (label, checkpointing) != ("grpo", False):
             continue
         credit, options = variants[label]
-        cfg = RunConfig(credit=credit, max_steps=n_steps, budget_s=1e9, eval_every=10_000, eval_problems=8,
-                        eval_k=1, gradient_checkpointing=checkpointing,
-                        oar={"credit_options": options} if options else {})
+        cfg = RunConfig(credit=str(CreditSpec(credit, options)), max_steps=n_steps, budget_s=1e9,
+                        eval_every=10_000, eval_problems=8, eval_k=1, gradient_checkpointing=checkpointing)
         for sink in cpu.values():
             sink.clear()
         with tempfile.TemporaryDirectory() as tmp:

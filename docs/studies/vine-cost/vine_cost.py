@@ -18,14 +18,15 @@ from pathlib import Path
 
 
 def run(credit: str, steps: int, regime: str, options: dict) -> dict:
+    from oar.credit import CreditSpec
     from oar.files import read_jsonl
     from oar.lab.regimes import apply_regime
     from oar.lab.run import RunConfig, train_lab
     from oar.lab.warmstart import WarmStartConfig
 
-    oar = {"credit_options": {**options, "separator": "; "}} if credit != "grpo" else {}
-    cfg = RunConfig(credit=credit, warm=apply_regime(WarmStartConfig(), regime), max_steps=steps, budget_s=1e9,
-                    eval_every=10_000, eval_problems=4, eval_k=1, oar=oar)
+    spec = CreditSpec(credit, {**options, "separator": "; "} if credit == "vine" else {})
+    cfg = RunConfig(credit=str(spec), warm=apply_regime(WarmStartConfig(), regime), max_steps=steps, budget_s=1e9,
+                    eval_every=10_000, eval_problems=4, eval_k=1)
     with tempfile.TemporaryDirectory() as tmp:
         summary = train_lab(cfg, tmp)
         rows = [r for r in read_jsonl(Path(tmp) / "metrics.jsonl") if "step_time" in r]

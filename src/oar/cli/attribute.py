@@ -27,9 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--completion", help="completion text to attribute")
     p.add_argument("--from-jsonl", metavar="FILE",
                    help="attribution records, or {'prompt', 'completion'} rows to score with --model")
-    p.add_argument("--credit", action="append", metavar="NAME",
-                   help="credit method or control (see `oar credits`: oar-g, oar-p, entropy-mask, ktae, "
-                   "shuffle:oar-g, ...); repeat to compare side by side (default oar-g; for a records file: filter). "
+    p.add_argument("--credit", action="append", metavar="NAME[@OPT=V&...]",
+                   help="credit method or control with its options (see `oar credits`: oar-g, oar-p@horizon=2, "
+                   "entropy-mask, ktae, shuffle:oar-g, ...); repeat to compare side by side (default oar-g; for a "
+                   "records file: filter). "
                    "Group methods (ktae, gtpo) need rows with a 'reward'; completions of one prompt form a group")
     p.add_argument("--out", metavar="FILE.html", help="write a self-contained HTML page (default: terminal)")
     p.add_argument("--step", type=_step, help="records file: only this training step ('last' for the latest)")

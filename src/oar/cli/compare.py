@@ -15,9 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument("--study", action="store_const", dest="preset", const="study",
                       help="6 seeds, 3 credits, 300 s per run (about 52 minutes on 2 cores)")
     p.set_defaults(preset="default", func=run)
-    p.add_argument("--credits", help="comma-separated credit methods or controls, e.g. grpo,oar-g,shuffle:oar-g, "
-                   "each optionally with options as its own column, e.g. oar-g@beta=2 or oar-g@tau=0.5&beta=2 "
-                   "(registered: oar.credit.credit_names(); default: the preset's)")
+    p.add_argument("--credits", help="comma-separated credits, each NAME or NAME@OPT=VALUE&OPT=VALUE (a method or "
+                   "control with its options: its own column), e.g. grpo,oar-g,oar-g@tau=0.5&beta=2,shuffle:oar-g "
+                   "(`oar credits` lists them; default: the preset's)")
     p.add_argument("--seeds", type=int, help="seeds per credit (default: the preset's)")
     p.add_argument("--budget", type=float, help="training seconds per run, evaluation excluded")
     p.add_argument("--max-steps", type=int, dest="max_steps",

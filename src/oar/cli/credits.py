@@ -9,8 +9,9 @@ from oar.cli.parser import add_import_option
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("credits", help="list the token-credit methods (the registry) as a Markdown table",
-                              description="Every method OARConfig.credit, oar compare --credits and oar attribute "
-                              "--credit accept; wrap any of them as shuffle:NAME or inverted:NAME for a control.")
+                              description="Every method OARConfig.credit, oar train --credit, oar compare --credits "
+                              "and oar attribute --credit accept, each with its options as NAME@OPT=VALUE&OPT=VALUE; "
+                              "wrap any of them as shuffle:NAME or inverted:NAME for a control.")
     add_import_option(p)
     p.set_defaults(func=run)
 

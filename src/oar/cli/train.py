@@ -1,7 +1,7 @@
 """``oar train``: GRPO with OAR token credit. Parsing and wiring only; the work is in :mod:`oar.train_run`.
 
-Every ``OARConfig`` / ``GRPOConfig`` field is an option (``--credit oar-p``, ``--loss_type dapo``, ...), read
-by TRL's own parser, so ``--config FILE.yaml`` and overrides work exactly as in TRL's scripts. Taken out before
+Every ``OARConfig`` / ``GRPOConfig`` field is an option (``--credit oar-p@horizon=2``, ``--loss_type dapo``, ...),
+read by TRL's own parser, so ``--config FILE.yaml`` and overrides work exactly as in TRL's scripts. Taken out before
 TRL's parser sees the arguments: ``--verbose`` keeps the libraries' own warnings, logs and progress bars;
 ``--import MODULE`` (repeatable) imports a module registering its own credit methods first.
 """
@@ -49,11 +49,18 @@ def run(args: argparse.Namespace) -> int:
     from oar.train_run import parse_train_args, run_training
 
     argv, verbose, modules = split_oar_options(args.argv)
+    import oar.lab  # noqa: F401  (every credit `oar credits` lists is known, so a lab-only one is named as such)
+
     import_modules(modules)  # before OARConfig checks the credit name
     # TRL's parser, built in oar.train_run, reports a bad option in one line too; building the config raises
     # transformers' deprecation warnings, which quiet_libraries drops
     with quiet_libraries(verbose), one_line_errors():
         script_args, config = parse_train_args(argv)
+    method = config.resolved_credit.method
+    if method.lab_only:
+        raise ValueError(f"credit {config.credit!r} is lab-only: it reads the arithmetic lab's ground truth, so it "
+                         f"trains on the lab's task alone; compare it there: oar compare --credits "
+                         f"grpo,{config.credit}")
     with quiet_libraries(verbose):
         summary = run_training(script_args, config)
     print("oar train: done")

@@ -68,6 +68,13 @@ class TokenCredit:
         """``[B, T]`` token advantages ``A[:, None] · weights + offsets`` from sequence advantages ``A [B]``."""
         return advantages[:, None] * self.weights.to(advantages.dtype) + self.offsets.to(advantages.dtype)
 
+    def rows(self, rows: slice, width: int | None = None) -> TokenCredit:
+        """The credit of rows ``rows`` only, cut to the first ``width`` positions (default all)."""
+        T = slice(0, width)
+        return TokenCredit(self.method, self.combine, self.weights[rows, T], self.offsets[rows, T],
+                           self.scores[rows, T], self.mask[rows, T], self.answer_mask[rows, T],
+                           {k: v[rows] for k, v in self.flags.items()})
+
     def counts(self) -> dict[str, int]:
         """Rows per flag, plus ``tokens`` (acted-on tokens)."""
         return {**{k: int(v.sum()) for k, v in self.flags.items()}, "tokens": int(self.mask.sum())}

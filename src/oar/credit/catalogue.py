@@ -8,7 +8,9 @@
 
 The score and effect functions live with their method (:mod:`oar.importance`, :mod:`oar.credit.peers`); this
 module only states what each needs, costs and cites, and declares each option once, typed, with its range or
-choices (:class:`oar.credit.options.Option`; the τ/β/floor defaults and ranges are :mod:`oar.reshape`'s).
+choices (:class:`oar.credit.options.Option`; the τ/β/floor defaults and ranges are :mod:`oar.reshape`'s), and
+each rule between options (``check=``) and capability (``needs_*``, ``acts``) with the method. Options several
+methods share are one :class:`oar.credit.options.OptionGroup` (``BILEVEL``), attached with ``groups=``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from oar.credit.batch import CreditBatch
-from oar.credit.options import Option
+from oar.credit.options import Option, OptionCheck, OptionGroup
 from oar.credit.peers.cf_span import cf_span_scores, cf_span_weights
 from oar.credit.peers.entropy_mask import entropy_mask_scores, high_entropy_mask
 from oar.credit.peers.gtpo import NORMS, gtpo_effect, gtpo_scores
@@ -24,7 +26,7 @@ from oar.credit.peers.ktae import ktae_scores
 from oar.credit.peers.vine import PASSES as VINE_PASSES
 from oar.credit.peers.vine import SEPARATOR as VINE_SEPARATOR
 from oar.credit.peers.vine import VINE_PAPER, replace_effect, vine_scores, weight_effect
-from oar.credit.registry import register_credit
+from oar.credit.registry import bilevel_effect, register_credit
 from oar.importance import entropy_scores, gradient_scores, perturbation_scores, random_scores
 from oar.importance._common import MODES
 from oar.importance.guided import CALIBRATIONS, guided_perturbation_scores
@@ -33,9 +35,9 @@ from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
 
 OAR_PAPER = "Outcome-Grounded Advantage Reshaping, arXiv 2601.07408"
 
-# options shared by several methods, declared once
-BILEVEL = {"tau": Option(TAU, float, TAU_RANGE), "beta": Option(BETA, float, BETA_RANGE),
-           "floor": Option(FLOOR, float, FLOOR_RANGE)}
+# OAR's Bi-Level reshaping (OAR_SPEC §4), shared by every method whose effect is bilevel_effect
+BILEVEL = OptionGroup("bilevel", {"tau": Option(TAU, float, TAU_RANGE), "beta": Option(BETA, float, BETA_RANGE),
+                                  "floor": Option(FLOOR, float, FLOOR_RANGE)})
 
 
 def _mode(default: str) -> Option:
@@ -48,9 +50,20 @@ def _noise_std(default: float | None) -> Option:
     return Option(default, float, ">= 0", nullable=True)
 
 
+def _noise_rule(mode: str) -> OptionCheck:
+    """OAR-G's rule: its KL outcome modes have zero gradient at δ = 0, so they need noise (``mode``: the option
+    holding OAR-G's outcome mode)."""
+    def check(options: dict) -> None:
+        if options["noise_std"] == 0 and options[mode] != "answer_joint":
+            raise ValueError(f"noise_std must be > 0 unless {mode} is 'answer_joint' (the KL outcome has zero "
+                             f"gradient without noise), got noise_std=0 with {mode}={options[mode]!r}")
+
+    return check
+
+
 CHUNK_SIZE = Option(16, int, ">= 1")  # perturbed copies per forward pass
 REPLACE_ID = Option(None, int, ">= 0")  # the counterfactual token (None: the pad id)
-TEMPERATURE = Option(1.0, float, "> 0")  # the sampler's, for the policy's entropy
+TEMPERATURE = Option(1.0, float, "> 0")  # the policy's entropy is read at this temperature (its own, not GRPO's)
 
 
 def _uniform_effect(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -69,7 +82,7 @@ def grpo_scores(batch: CreditBatch) -> torch.Tensor:
 # --- plain GRPO and OAR -------------------------------------------------------------------------------------
 
 register_credit(
-    "grpo", combine="multiply", needs_policy=False, needs_probe=False, passes="0",
+    "grpo", combine="multiply", needs_policy=False, needs_probe=False, passes="0", acts=False,
     paper="DeepSeekMath (GRPO), arXiv 2402.03300", summary="every token gets the sequence advantage",
     effect=_uniform_effect,
 )(grpo_scores)
@@ -79,7 +92,8 @@ register_credit(
     passes="per scorer batch: 1 forward + 1 backward to the input embeddings (KL modes: + 1 clean forward)",
     paper=f"{OAR_PAPER} (OAR-G)",
     summary="|gradient × input| of the answer's log-probability on the reasoning embeddings, Bi-Level weights",
-    options={"mode": _mode("answer_joint"), "noise_std": _noise_std(None), **BILEVEL},
+    effect=bilevel_effect, options={"mode": _mode("answer_joint"), "noise_std": _noise_std(None)},
+    groups=(BILEVEL,), check=_noise_rule("mode"),
 )(gradient_scores)
 
 register_credit(
@@ -87,8 +101,9 @@ register_credit(
     passes="per reasoning token: the probe suffix from that token (KV-cached prefix, chunk_size copies, any rows)",
     paper=f"{OAR_PAPER} (OAR-P)",
     summary="KL of the outcome when the token is replaced by pad (counterfactual), Bi-Level weights",
-    options={"mode": _mode("last"), "replace_id": REPLACE_ID, "chunk_size": CHUNK_SIZE,
-             "span": Option(None, int, ">= 1"), "horizon": Option(None, int, ">= 0"), **BILEVEL},
+    effect=bilevel_effect, options={"mode": _mode("last"), "replace_id": REPLACE_ID, "chunk_size": CHUNK_SIZE,
+                                    "span": Option(None, int, ">= 1"), "horizon": Option(None, int, ">= 0")},
+    groups=(BILEVEL,),
 )(perturbation_scores)
 
 register_credit(
@@ -100,7 +115,8 @@ register_credit(
             "Bi-Level weights",
     options={"k": Option(0.25, float, "in (0, 1]"), "mode": _mode("last"), "guide_mode": _mode("answer_mean"),
              "noise_std": _noise_std(1e-3), "calibration": Option("median", str, choices=CALIBRATIONS),
-             "replace_id": REPLACE_ID, "chunk_size": CHUNK_SIZE, **BILEVEL},
+             "replace_id": REPLACE_ID, "chunk_size": CHUNK_SIZE},
+    effect=bilevel_effect, groups=(BILEVEL,), check=_noise_rule("guide_mode"),
 )(guided_perturbation_scores)
 
 register_credit(
@@ -110,8 +126,9 @@ register_credit(
     paper=f"extension of this project on {OAR_PAPER}: the answer read after each step's prefix",
     summary="|change of the answer's log-probability across the token's step| with the probe cut after each step, "
             "Bi-Level weights",
-    options={"separator": Option(SEPARATOR, str), "boundary_ids": Option(None, None),
-             "chunk_size": Option(64, int, ">= 1"), **BILEVEL},
+    options={"separator": Option(SEPARATOR, str, regex=True), "boundary_ids": Option(None, None),
+             "chunk_size": Option(64, int, ">= 1")},
+    effect=bilevel_effect, groups=(BILEVEL,),
 )(prefix_scores)
 
 # --- baselines on OAR's probe and reshaping -----------------------------------------------------------------
@@ -120,14 +137,14 @@ register_credit(
     "entropy", combine="multiply", needs_policy=True, needs_probe=True, passes="1 forward per scorer batch",
     paper="baseline of this project (entropy as the importance score inside OAR's reshaping)",
     summary="entropy of the policy's next-token distribution at each reasoning token, Bi-Level weights",
-    options=BILEVEL,
+    effect=bilevel_effect, groups=(BILEVEL,),
 )(entropy_scores)
 
 register_credit(
     "random", combine="multiply", needs_policy=False, needs_probe=True, passes="0",
     paper="control (this project): OAR's reshaping of U(0, 1) scores",
     summary="Bi-Level weights of random scores: the null for 'any reshaping helps'",
-    options=BILEVEL,
+    effect=bilevel_effect, groups=(BILEVEL,),
 )(random_scores)
 
 # --- peer methods -------------------------------------------------------------------------------------------
@@ -170,19 +187,23 @@ register_credit(
     effect=cf_span_weights, options={"chunk_size": CHUNK_SIZE, "renormalize": Option(False, bool)},
 )(cf_span_scores)
 
-VINE = {"separator": Option(VINE_SEPARATOR, str), "max_steps": Option(8, int, ">= 1"), "k": Option(4, int, ">= 1"),
-        "temperature": Option(None, float, "> 0"), "prefixes_per_call": Option(64, int, ">= 1")}
+VINE = OptionGroup("vine", {
+    "separator": Option(VINE_SEPARATOR, str, regex=True), "max_steps": Option(8, int, ">= 1"),
+    "k": Option(4, int, ">= 1"), "temperature": Option(None, float, "> 0"),
+    "prefixes_per_call": Option(64, int, ">= 1"),
+})
 
 register_credit(
-    "vine", combine="replace", needs_policy=True, needs_probe=False, passes=VINE_PASSES, paper=VINE_PAPER,
+    "vine", combine="replace", needs_policy=True, needs_probe=False, needs_rollout=True, passes=VINE_PASSES,
+    paper=VINE_PAPER,
     summary="ΔV of the token's step: V(after) − V(before), V = mean reward of K sampled continuations from the "
             "step boundary (the last V is the completion's reward); replaces the advantage",
-    effect=replace_effect, options=VINE, invert="negate",
+    effect=replace_effect, groups=(VINE,), invert="negate",
 )(vine_scores)
 
 register_credit(
-    "vine-w", combine="multiply", needs_policy=True, needs_probe=False, passes=VINE_PASSES,
+    "vine-w", combine="multiply", needs_policy=True, needs_probe=False, needs_rollout=True, passes=VINE_PASSES,
     paper=f"{VINE_PAPER}; mass-preserving form of this project",
     summary="GRPO's advantage spread over the steps: weight ∝ max(sign(A)·ΔV, 0) + eps, mean 1 over the completion",
-    effect=weight_effect, options={**VINE, "eps": Option(0.05, float, "> 0")}, invert="negate",
+    effect=weight_effect, options={"eps": Option(0.05, float, "> 0")}, groups=(VINE,), invert="negate",
 )(vine_scores)

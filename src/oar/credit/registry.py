@@ -1,5 +1,6 @@
 """The registry of token-credit methods: :func:`register_credit` adds one (what it needs, its cost, its paper,
-its options), :func:`get_credit` looks one up (or a control wrapping it), :func:`credit_table` lists them.
+its options and the rules between them), :func:`get_credit` looks one up (or a control wrapping it),
+:func:`credit_table` lists them.
 
 A *credit method* turns GRPO's sequence advantages ``A [B]`` into token advantages ``[B, T]`` in two steps:
 
@@ -9,6 +10,8 @@ A *credit method* turns GRPO's sequence advantages ``A [B]`` into token advantag
 2. ``effect``: the signal -> weights (``combine="multiply"`` or ``"mask"``: ``Â = A · w``), offsets
    (``combine="add"``: ``Â = A + δ``) or the token advantages themselves (``combine="replace"``: ``Â = δ``).
 
+Everything a caller must know about a method is declared here, at registration: what it reads (``needs_*``),
+whether it acts at all (``acts``), whether it runs outside the lab (``lab_only``), its options and their rules.
 Pure torch; no framework imports.
 """
 
@@ -21,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from oar.credit.controls import CONTROLS, inverted_effect, shuffled_effect
-from oar.credit.options import CONTEXT, Option, as_option, parameter_names
+from oar.credit.options import CONTEXT, Option, OptionCheck, OptionGroup, as_option, parameter_names
 from oar.reshape import BETA, FLOOR, TAU, bilevel_weights
 
 COMBINES = ("multiply", "mask", "add", "replace")
@@ -30,7 +33,10 @@ INVERTS = ("row", "batch", "negate")
 
 @dataclass(frozen=True)
 class CreditMethod:
-    """A registered token-credit method (see :func:`register_credit` for the fields)."""
+    """A registered token-credit method (see :func:`register_credit` for the fields).
+
+    Pickles as its name (``get_credit(name)`` on load), so a config holding one can be saved wherever the method
+    is registered."""
 
     name: str
     score: Callable[..., torch.Tensor]
@@ -47,10 +53,17 @@ class CreditMethod:
     control: str | None = None  # "shuffle" / "inverted" for a wrapped method
     base: str | None = None  # the wrapped method's name
     specs: Mapping[str, Option] = field(default_factory=dict)  # name -> its declaration (type, range, choices)
+    needs_rollout: bool = False  # samples continuations: CreditBatch.rollout (vine)
+    acts: bool = True  # False: leaves every advantage as it is (plain GRPO); token_credit scores nothing
+    lab_only: bool = False  # reads the arithmetic lab's ground truth: trains in the lab only (oar compare)
+    checks: tuple[OptionCheck, ...] = ()  # cross-option rules, the groups' then the method's own
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return get_credit, (self.name,)
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The method's defaults updated with ``options``; ValueError naming an undeclared option or a value its
-        declaration refuses (``credit 'oar-g': beta must be >= 0, got -1``)."""
+        """The method's defaults updated with ``options``; ValueError naming an undeclared option, a value its
+        declaration refuses (``credit 'oar-g': beta must be >= 0, got -1``) or a combination its rules refuse."""
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             raise ValueError(f"credit {self.name!r} has no option(s) {unknown}; its options: "
@@ -58,10 +71,25 @@ class CreditMethod:
         for key, value in options.items():
             if key in self.specs:
                 self.specs[key].check(f"credit {self.name!r}: {key}", value)
-        return {**self.options, **options}
+        merged = {**self.options, **options}
+        for check in self.checks:
+            try:
+                check(merged)
+            except ValueError as err:
+                raise ValueError(f"credit {self.name!r}: {err}") from None
+        return merged
 
 
 _REGISTRY: dict[str, CreditMethod] = {}
+
+
+def _builtins() -> None:
+    """Register the built-in methods (:mod:`oar.credit.catalogue`) before the registry is first read or added to,
+    so they come first, in the catalogue's order, whatever a user registers."""
+    import sys
+
+    if "oar.credit.catalogue" not in sys.modules:  # also while the catalogue itself registers: it is there
+        import oar.credit.catalogue  # noqa: F401
 
 
 def register_credit(
@@ -71,12 +99,17 @@ def register_credit(
     needs_policy: bool,
     needs_probe: bool,
     needs_group: bool = False,
+    needs_rollout: bool = False,
     passes: str,
     paper: str,
     summary: str,
     effect: Callable[..., torch.Tensor] | None = None,
     options: Mapping[str, Any | Option] | None = None,
+    groups: Sequence[OptionGroup] = (),
+    check: OptionCheck | None = None,
     invert: Literal["row", "batch", "negate"] = "row",
+    acts: bool = True,
+    lab_only: bool = False,
     replace_existing: bool = False,
 ) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
     """Decorator registering a score function as the credit method ``name``.
@@ -88,45 +121,63 @@ def register_credit(
     token). ``effect(scores [B, T], mask [B, T], **options) -> [B, T]`` turns the scores of the whole batch into
     weights (``combine`` ``"multiply"``: e.g. mass-preserving weights, ``"mask"``: 0/1), offsets (``"add"``) or
     token advantages (``"replace"``); default Bi-Level reshaping (OAR_SPEC §4). Options are declared with their
-    defaults in ``options`` and routed by name to ``score`` and/or ``effect``; each also gets the context it
-    names in its signature (``generator``, ``active``, ``batch_size``, ``batch``: the :class:`CreditBatch`).
-    An option is a plain default (any value accepted) or an :class:`oar.credit.options.Option` declaring its type
-    and range, checked whenever options are (:meth:`CreditMethod.check_options`: ``OARConfig``, ``oar compare``
-    columns, :func:`token_credit`).
+    defaults in ``options`` and ``groups`` and routed by name to ``score`` and/or ``effect``; each also gets the
+    context it names in its signature (``generator``, ``active``, ``batch_size``, ``batch``: the
+    :class:`CreditBatch`). An option is a plain default (any value accepted) or an
+    :class:`oar.credit.options.Option` declaring its type and range, checked whenever options are
+    (:meth:`CreditMethod.check_options`: ``OARConfig``, ``oar compare`` columns, the verl config,
+    :func:`token_credit`).
 
     Args:
         combine: how the effect meets the sequence advantage (``Â = A · w``, ``Â = A + δ`` or ``Â = δ``).
-        needs_policy / needs_probe / needs_group: what the method reads (the policy; an outcome probe;
-            the rollout group, i.e. ``CreditBatch.group`` and ``rewards`` over whole groups).
+        needs_policy / needs_probe / needs_group / needs_rollout: what the method reads (the policy; an outcome
+            probe; the rollout group, i.e. ``CreditBatch.group`` and ``rewards`` over whole groups; continuations
+            sampled from the policy and graded, ``CreditBatch.rollout``).
         passes / paper / summary: extra model passes per rollout batch, the citation, what it computes
             per token (the docs' method table reads these).
+        groups: shared option groups (:class:`oar.credit.options.OptionGroup`, e.g. the Bi-Level options), each
+            with its cross-option check. ``check``: the method's own rule between its options, called with every
+            option (defaults filled in); a ValueError names what is refused.
         invert: how ``inverted:NAME`` reverses the score ranks: within each row (``"row"``), over the batch
             (``"batch"``), or by negation (``"negate"``, for signed scores).
+        acts: False for a method that leaves every advantage as it is (plain GRPO): nothing is scored, and a
+            control of it is refused. ``lab_only``: it reads the arithmetic lab's ground truth (``oar train``
+            refuses it; ``oar compare`` trains it).
         replace_existing: allow re-registering ``name``.
     """
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
     if invert not in INVERTS:
         raise ValueError(f"invert must be one of {INVERTS}, got {invert!r}")
-    if not name or ":" in name or name != name.lower():
-        raise ValueError(f"credit names are non-empty, lower-case and have no ':', got {name!r}")
+    if not name or ":" in name or "@" in name or name != name.lower() or name != name.strip():
+        raise ValueError(f"credit names are non-empty, lower-case and have no ':', '@' or outer spaces, got {name!r}")
 
     def wrap(score: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        _builtins()
         if name in _REGISTRY and not replace_existing:
             raise ValueError(f"credit {name!r} is already registered (pass replace_existing=True)")
         eff = effect or bilevel_effect
-        specs = {k: as_option(v) for k, v in (options or {}).items()}
+        specs: dict[str, Option] = {}
+        for source in (options or {}, *groups):  # the method's own first, then each group's
+            twice = sorted(set(specs) & set(source))
+            if twice:
+                raise ValueError(f"credit {name!r} declares options {twice} twice (in two places: its own, its groups)")
+            specs.update({k: as_option(v) for k, v in source.items()})
         routed = (parameter_names(score) | parameter_names(eff)) - set(CONTEXT)
         stray = sorted(set(specs) - routed)
         if stray:
             raise ValueError(f"credit {name!r} declares options {stray} that neither its score nor its effect takes")
         for key, spec in specs.items():  # a declaration must accept its own default
             spec.check(f"credit {name!r}: default of {key}", spec.default)
-        _REGISTRY[name] = CreditMethod(
+        checks = tuple(c for c in (*(g.check for g in groups), check) if c is not None)
+        method = CreditMethod(
             name=name, score=score, effect=eff, combine=combine, needs_policy=needs_policy,
             needs_probe=needs_probe, needs_group=needs_group, passes=passes, paper=paper, summary=summary,
             options={k: spec.default for k, spec in specs.items()}, invert=invert, specs=specs,
+            needs_rollout=needs_rollout, acts=acts, lab_only=lab_only, checks=checks,
         )
+        method.check_options({})  # the defaults must pass the rules too
+        _REGISTRY[name] = method
         return score
 
     return wrap
@@ -147,11 +198,13 @@ def import_modules(modules: Sequence[str]) -> None:
 
 def unregister_credit(name: str) -> None:
     """Remove a registered method (tests, user code that registers temporary methods)."""
+    _builtins()
     _REGISTRY.pop(name, None)
 
 
 def credit_names() -> tuple[str, ...]:
     """Registered method names, in registration order (controls not included)."""
+    _builtins()
     return tuple(_REGISTRY)
 
 
@@ -160,6 +213,7 @@ def get_credit(name: str) -> CreditMethod:
 
     ValueError listing the registered names (and the control prefixes) for an unknown name.
     """
+    _builtins()
     if not isinstance(name, str):
         raise ValueError(f"credit must be a string, got {name!r}")
     key = name.strip().lower()
@@ -173,8 +227,9 @@ def get_credit(name: str) -> CreditMethod:
     base = _REGISTRY[base_name]
     if not control:
         return base
-    if base.name == "grpo":
-        raise ValueError(f"{name!r}: 'grpo' has uniform weights, so a {control} control of it is plain GRPO")
+    if not base.acts:
+        raise ValueError(f"{name!r}: {base.name!r} leaves every advantage as it is, so a {control} control of it "
+                         f"is {base.name!r} itself")
     if control == "shuffle":
         return replace(base, name=key, effect=shuffled_effect(base.effect), control=control, base=base.name)
     return replace(base, name=key, effect=inverted_effect(base.effect, base.invert), control=control, base=base.name)
@@ -182,11 +237,13 @@ def get_credit(name: str) -> CreditMethod:
 
 def credit_table() -> str:
     """The registered methods as a Markdown table (docs/credits.md holds its output; a test keeps them equal)."""
+    _builtins()
     head = "| credit | per token | combine | needs | extra passes | options (defaults) | paper |"
     lines = [head, "|---|---|---|---|---|---|---|"]
     for m in _REGISTRY.values():
         needs = ", ".join(n for n, f in (("policy", m.needs_policy), ("probe", m.needs_probe),
-                                         ("group", m.needs_group)) if f) or "–"
+                                         ("group", m.needs_group), ("rollout", m.needs_rollout),
+                                         ("lab", m.lab_only)) if f) or "–"
         opts = ", ".join(f"{k}={v!r}" for k, v in m.options.items()) or "–"
         cells = [f"`{m.name}`", m.summary, m.combine, needs, m.passes, opts, m.paper]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")

@@ -11,11 +11,12 @@ import torch
 
 from oar.credit.batch import FLAG_KEYS, CreditBatch, TokenCredit
 from oar.credit.options import call_with_options as _call
-from oar.credit.registry import CreditMethod, get_credit
+from oar.credit.registry import CreditMethod
+from oar.credit.spec import CreditSpec, ResolvedCredit
 
 
 def token_credit(
-    method: str | CreditMethod,
+    method: str | CreditSpec | ResolvedCredit | CreditMethod,
     batch: CreditBatch,
     *,
     active: torch.Tensor | None = None,
@@ -28,22 +29,32 @@ def token_credit(
     """Run a credit method on a rollout batch: probe -> scores -> completion positions -> weights or offsets.
 
     Args:
-        method: a registered name (``"oar-g"``, ``"shuffle:oar-g"``, ...) or a :class:`CreditMethod`.
+        method: a credit (``"oar-g"``, ``"oar-p@horizon=2"``, ``"shuffle:oar-g"``, a :class:`CreditSpec`), one
+            already resolved (:meth:`CreditSpec.resolve`: its options are used as they are) or a
+            :class:`CreditMethod`.
         batch: the rollout batch; ``batch.model`` is required when the method ``needs_policy``, ``group`` and
-            ``rewards`` when it ``needs_group``.
+            ``rewards`` when it ``needs_group``, ``rollout`` when it ``needs_rollout``. A method that does not act
+            (``grpo``) scores nothing: weights 1, no row scored.
         active: ``[B]`` bool, the rows to score (e.g. non-zero advantage); default all. Inactive rows get
             weight 1 and offset 0; group methods still read them as part of their group.
         probe: an :class:`oar.probe.OutcomeProbe` (required when the method ``needs_probe``).
         references: one reference answer per row, for a probe built with ``answer_source="reference"``.
         batch_size: rows per scorer call (rows are sorted by completion length first, so a call pays little
             padding). ``generator``: the random source of the scorer and of the controls.
-        options: method options (see ``get_credit(name).options``); undeclared names are a ValueError.
+        options: method options (see ``get_credit(name).options``), added to those the credit names (an option
+            set both ways with different values, or undeclared, is a ValueError).
 
     Returns:
         A :class:`TokenCredit`; ``credit.advantages(A)`` is what the loss consumes.
     """
-    m = get_credit(method) if isinstance(method, str) else method
-    opts = m.check_options(options or {})
+    if isinstance(method, ResolvedCredit):
+        if options:
+            raise ValueError("token_credit: a resolved credit carries its options; pass options= with a name")
+        m, opts = method
+    elif isinstance(method, CreditMethod):
+        m, opts = method, method.check_options(options or {})
+    else:
+        m, opts = CreditSpec.parse(method).merged(options or {}, "options=").resolve()
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ids, cmask = batch.completion_ids, batch.completion_mask.bool()
@@ -52,12 +63,17 @@ def token_credit(
     active = torch.ones(B, dtype=torch.bool, device=device) if active is None else active.bool().to(device)
     if active.shape != (B,):
         raise ValueError(f"active must be [B] = [{B}], got {tuple(active.shape)}")
+    if not m.acts:  # nothing to score: weights 1, no row counted as scored
+        active = torch.zeros_like(active)
     if m.needs_policy and batch.model is None:
         raise ValueError(f"credit {m.name!r} needs the policy: CreditBatch.model is None")
     if m.needs_probe and probe is None:
         raise ValueError(f"credit {m.name!r} needs an outcome probe (probe=OutcomeProbe(tokenizer))")
     if m.needs_group and (batch.group is None or batch.rewards is None):
         raise ValueError(f"credit {m.name!r} needs the rollout group: CreditBatch.group and .rewards")
+    if m.needs_rollout and batch.rollout is None:
+        raise ValueError(f"credit {m.name!r} needs CreditBatch.rollout: an oar.credit.peers.vine.Continuations that "
+                         "samples from the policy and grades with the reward (OARGRPOTrainer builds one)")
 
     scores = torch.zeros(B, T, dtype=torch.float32, device=device)
     mask = torch.zeros(B, T, dtype=torch.bool, device=device)

@@ -44,7 +44,7 @@ def summarize_benchmark(correct: Sequence[Sequence[bool]]) -> dict[str, dict[str
 
     One sample: ``accuracy`` with a Wilson interval. n samples: ``avg@n`` (mean correctness) and the
     unbiased ``pass@k`` for k = 1, 2, 4, ... and n, with normal intervals over problems.
-    Each metric: ``{"mean": m, "ci95": [lo, hi]}``.
+    Each metric: ``{"mean": m, "ci95": [lo, hi]}``. Only ``True`` counts as correct (not ``"yes"``, ``1``, ...).
     """
     if not correct:
         raise ValueError("no graded problems to summarize")
@@ -52,9 +52,9 @@ def summarize_benchmark(correct: Sequence[Sequence[bool]]) -> dict[str, dict[str
     if n == 0 or any(len(row) != n for row in correct):
         raise ValueError("every problem needs the same (non-zero) number of samples")
     if n == 1:
-        hits = sum(bool(row[0]) for row in correct)
+        hits = sum(row[0] is True for row in correct)
         return {"accuracy": {"mean": hits / len(correct), "ci95": list(wilson_interval(hits, len(correct)))}}
-    counts = [sum(map(bool, row)) for row in correct]
+    counts = [sum(ok is True for ok in row) for row in correct]
     out: dict[str, dict[str, float | list[float]]] = {}
     ks = sorted({k for k in (2**i for i in range(n.bit_length())) if k <= n} | {n})
     for name, scores in [(f"avg@{n}", [c / n for c in counts])] + [

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import re
 import time
 from dataclasses import dataclass, field
@@ -56,6 +58,14 @@ class EvalConfig:
     def __post_init__(self) -> None:
         self.benchmarks = parse_benchmarks(self.benchmarks)
         check_template(self.prompt_template)
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if value is not None and not _finite_number(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.temperature is None:
             self.temperature = 0.0 if self.samples == 1 else 0.6
         if self.samples < 1:
@@ -83,18 +93,56 @@ class EvalConfig:
             self.output_dir = str(Path("runs") / "eval" / slug)
 
 
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# what each field of a stored sample must be: (check, description)
+_RECORD_FIELDS: dict[str, tuple[Any, str]] = {
+    "benchmark": (lambda v: isinstance(v, str), "text"),
+    "index": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+    "sample": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+    "prompt": (lambda v: isinstance(v, str), "text"),
+    "completion": (lambda v: isinstance(v, str), "text"),
+    "extracted": (lambda v: v is None or isinstance(v, str), "text or null"),
+    "gold": (lambda v: isinstance(v, str), "text"),
+    "correct": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
 def read_samples(path: Path, samples: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """Finished problems of a (possibly interrupted) JSONL: ``(benchmark, index) -> records by sample``.
 
-    A problem counts only when all ``samples`` of it are present; a torn last line is ignored.
+    A problem counts only when all ``samples`` of it are present. A line cut short by an interrupted write (an
+    object that never closes, also once a resumed run has appended after it) is ignored: its problem is generated
+    again. Any other damaged line (not JSON, not an object, a field missing or of another type such as
+    ``"correct": "yes"``, a sample number outside ``0..samples-1``) is a ValueError naming the file and line.
     """
     found: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+    if not path.is_file():
+        return {}
+    how = "; fix or delete that line to generate its problem again, or choose another --output-dir"
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line_no, line in enumerate(f, 1):
+            text = line.strip()
+            if not text:
                 continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as err:
+                if text.startswith("{") and not text.endswith("}"):  # torn by an interrupted write
+                    continue
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg}){how}") from err
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(rec).__name__}{how}")
+            for key, (ok, what) in _RECORD_FIELDS.items():
+                if key not in rec:
+                    raise ValueError(f"{path}:{line_no}: a stored sample without {key!r}{how}")
+                if not ok(rec[key]):
+                    raise ValueError(f"{path}:{line_no}: {key!r} must be {what}, got {rec[key]!r}{how}")
+            if rec["sample"] >= samples:
+                raise ValueError(f"{path}:{line_no}: sample {rec['sample']} in a run of {samples} sample(s) per "
+                                 f"problem{how}")
             found.setdefault((rec["benchmark"], rec["index"]), {})[rec["sample"]] = rec
     return {k: [v[s] for s in range(samples)] for k, v in found.items() if set(v) >= set(range(samples))}
 
@@ -105,8 +153,18 @@ def _check_resume(out: Path, config: EvalConfig) -> dict[str, Any]:
     wanted = {k: getattr(config, k) for k in _SAMPLE_KEYS}
     path = out / "config.json"
     jsonl = out / "samples.jsonl"
+    for name in ("config.json", "samples.jsonl", "summary.json", "eval.md"):  # written later: files or nothing
+        if (out / name).exists() and not (out / name).is_file():
+            raise ValueError(f"{out / name} is not a file; move it away or choose another --output-dir")
     if path.is_file() and jsonl.is_file() and jsonl.stat().st_size:
-        stored = json.loads(path.read_text())
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: cannot read the settings of the stored samples ({err}); delete it to "
+                             "resume without checking them, or choose another --output-dir") from err
+        if not isinstance(stored, dict):
+            raise ValueError(f"{path}: expected a JSON object of settings, got {type(stored).__name__}; delete "
+                             "it to resume without checking them, or choose another --output-dir")
         # keys an older config.json lacks are not compared
         diff = {k: (stored.get(k), v) for k, v in wanted.items() if k in stored and stored[k] != v}
         if diff:

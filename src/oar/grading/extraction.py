@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oar.answer_span import locate_answer
+from oar.grading.numbers import THOUSANDS, numbers_match, plain_number, too_costly
 
 MAX_ANSWER_CHARS = 1000  # longer extracted answers are only compared as strings
 
@@ -34,6 +37,55 @@ def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
     if isinstance(completion, str):
         return completion
     return "".join(str(m.get("content") or "") for m in completion if m.get("role") in (None, "assistant"))
+
+
+# control and format characters (NUL, escape, zero-width spaces, BOM, bidi marks, soft hyphen): they do not print
+_INVISIBLE = [*range(0x00, 0x09), *range(0x0E, 0x1C), *range(0x7F, 0x85), *range(0x86, 0xA0), 0xAD, 0x61C,
+              0x180E, *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2060, 0x2065),
+              *range(0x2066, 0x2070), 0xFEFF]
+_SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿⁱ"
+_SUBSCRIPTS = "₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎"
+_VULGAR = "¼½¾⅐⅑⅒⅓⅔⅕⅖⅗⅘⅙⅚⅛⅜⅝⅞↉"
+
+
+def _vulgar_latex(char: str) -> str:
+    num, den = "".join(chr(int(h, 16)) for h in unicodedata.decomposition(char).split()[1:]).split("\u2044")
+    return f"\\frac{{{num}}}{{{den}}}"
+
+
+_TRANSLATE = {
+    **dict.fromkeys(_INVISIBLE),
+    **{ord(c): _vulgar_latex(c) for c in _VULGAR},
+    ord("\u2212"): "-", ord("\u2044"): "/", ord("\u2215"): "/", ord("\u221e"): "\\infty ",
+}
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f]+")
+_SCRIPT_RUN = re.compile(f"[{_SUPERSCRIPTS}]+|[{_SUBSCRIPTS}]+")
+_SCRIPT_PLAIN = str.maketrans(_SUPERSCRIPTS + _SUBSCRIPTS, "0123456789+-=()ni" + "0123456789+-=()")
+
+
+def _script(m: re.Match) -> str:
+    run = m.group()
+    return ("^{" if run[0] in _SUPERSCRIPTS else "_{") + run.translate(_SCRIPT_PLAIN) + "}"
+
+
+def clean_text(text: str) -> str:
+    """``text`` as the grader reads it: control and format characters deleted (``1\\x00`` is ``1``: they do not
+    print), Unicode vulgar fractions as ``\\frac{a}{b}`` (``½``), superscript and subscript runs as ``^{...}`` /
+    ``_{...}`` (``x²``, ``10³``, ``x⁻¹``), the minus sign ``−`` as ``-``, the fraction slash as ``/``, ``∞`` as
+    ``\\infty``. Linear in the length of ``text``."""
+    if text.isascii():  # the common case: only ASCII controls to delete (a scan in C, no per-character lookup)
+        return _ASCII_CONTROL.sub("", text) if _ASCII_CONTROL.search(text) else text
+    return _SCRIPT_RUN.sub(_script, text.translate(_TRANSLATE))
+
+
+_SPACE_RUN = re.compile(r"\s+")
+_LONE_SPACE = re.compile(r"(?<![0-9A-Za-z]) | (?![0-9A-Za-z])")
+
+
+def squash_spaces(text: str) -> str:
+    """``text`` with every run of white space removed, except one space between two letters or digits: spacing
+    around operators and braces does not matter, but ``4 2`` is not ``42``."""
+    return _LONE_SPACE.sub("", _SPACE_RUN.sub(" ", text).strip())
 
 
 def extract_answer(text: str) -> str | None:
@@ -76,35 +128,63 @@ def _bare_answer(text: str) -> str | None:
     return s
 
 
+_DOLLAR_PIECES = re.compile(r"\$\s*,\s*\$")  # "$a$, $b$": OlympiadBench answers of several pieces
+
+
 def normalize_gold(gold: Any) -> str:
-    """A gold answer as one LaTeX string: GSM8K ``#### n`` solutions, floats (``27.0`` -> ``27``),
-    zero-padded integers (``025`` -> ``25``), OlympiadBench lists of ``$...$`` pieces (joined by commas).
+    """A gold answer as one LaTeX string: GSM8K ``#### n`` solutions, numbers (``27.0`` -> ``27``; integers keep
+    every digit), zero-padded integers (``025`` -> ``25``), OlympiadBench lists of ``$...$`` pieces (joined by
+    commas); text as :func:`clean_text` reads it. ValueError for a bool, None or a non-finite number.
     """
     if isinstance(gold, bool) or gold is None:
         raise ValueError(f"gold answer must be text or a number, got {gold!r}")
-    if isinstance(gold, int | float):
-        return _format_number(float(gold))
-    if isinstance(gold, Sequence) and not isinstance(gold, str):
+    if isinstance(gold, int):
+        return _int_text(gold)
+    if isinstance(gold, float):
+        if not math.isfinite(gold):
+            raise ValueError(f"gold answer must be a finite number, got {gold!r}")
+        return _int_text(int(gold)) if gold.is_integer() and abs(gold) < 1e15 else repr(gold)
+    if not isinstance(gold, str) and isinstance(gold, Sequence):
         return ", ".join(normalize_gold(g) for g in gold)
-    text = str(gold)
+    return _normalize_text(str(gold))
+
+
+@functools.lru_cache(maxsize=8192)  # a group of G completions shares its gold: normalise it once
+def _normalize_text(text: str) -> str:
+    text = clean_text(text)
     if "####" in text:
         text = text.split("####")[-1]
-    text = ", ".join(p.strip().strip("$").strip() for p in re.split(r"\$\s*,\s*\$", text.strip()))
-    num = _as_number(text)
-    integer = num is not None and not num[1] and num[0].is_integer() and abs(num[0]) < 1e15
-    return str(int(num[0])) if integer else text
+    text = ", ".join(p.strip().strip("$").strip() for p in _DOLLAR_PIECES.split(text.strip()))
+    num = plain_number(text)
+    integer = num is not None and not num.percent and num.value.denominator == 1 and abs(num.value) < 10**15
+    return str(num.value.numerator) if integer else text
+
+
+def _int_text(n: int) -> str:
+    """The decimal digits of ``n``, also past Python's 4300-digit ``str(int)`` limit."""
+    try:
+        return str(n)
+    except ValueError:
+        high, low = divmod(abs(n), 10**4000)
+        return ("-" if n < 0 else "") + _int_text(high) + str(low).zfill(4000)
 
 
 def missing_gold(gold: Any) -> bool:
     """Whether ``gold`` holds no answer: None, NaN (a missing cell), or text that normalises to nothing."""
+    return gold_text(gold) is None
+
+
+def gold_text(gold: Any) -> str | None:
+    """:func:`normalize_gold` of ``gold``, or None when it holds no answer (:func:`missing_gold`)."""
     if gold is None or (isinstance(gold, float) and math.isnan(gold)):
-        return True
-    if isinstance(gold, Sequence) and not isinstance(gold, str) and not gold:
-        return True
+        return None
+    if not isinstance(gold, str) and isinstance(gold, Sequence) and not gold:
+        return None
     try:
-        return not normalize_gold(gold).strip()
+        text = normalize_gold(gold)
     except ValueError:
-        return True
+        return None
+    return text if text.strip() else None
 
 
 def gold_answer(row: Mapping[str, Any], benchmark: str | None = None) -> str:
@@ -129,60 +209,29 @@ def gold_answer(row: Mapping[str, Any], benchmark: str | None = None) -> str:
 
 # ---------------------------------------------------------------------------------------------- fast path
 
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_FRACTION = re.compile(r"([+-]?)\s*(?:\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}|(\d+)\s*/\s*(\d+))")
-# a trailing unit: \text{...}, degrees, or plain words (not math such as "pi", "sqrt")
-_UNIT = re.compile(
-    r"\\(?:text|mathrm|mbox)\{[^{}]*\}|\^\{?\\circ\}?"
-    r"|(?!(?:pi|sqrt|log|ln|sin|cos|tan|exp)\b)[A-Za-z]{2,}(?: [A-Za-z]+)*"
-)
-# sympy would evaluate these in C code that no timer interrupts: power towers, 4+ digit exponents/factorials
-_HUGE = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\{?\s*[+-]?\d{4,}|\d{4,}\s*!")
-_LATEX_SPACES = re.compile(r"\\[,;:! ]|\\q?quad|~|\{,\}")
+# digits separated by white space only (a LaTeX space too): never one number, never a sum
+_DIGIT_GAP = re.compile(r"\d(?:\s|\\[,;:> ]|\\q?quad(?![A-Za-z])|~)+\d")
+_FRAC_DIGITS = re.compile(r"\\([dtc]?frac|[dt]?binom)\s*(\d)\s*(\d)")  # \frac 1 2: two arguments, no gap
 
 
-def _format_number(x: float) -> str:
-    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
-
-
-def _as_number(text: str) -> tuple[float, bool] | None:
-    """(value, is_percent) when ``text`` is one plain number or integer fraction, maybe with ``$``, a percent
-    sign or a unit."""
-    s = _LATEX_SPACES.sub("", text).replace("\\$", "").replace("$", "").strip().rstrip(".").strip()
-    s = _THOUSANDS.sub("", s)
-    frac = _FRACTION.fullmatch(s)
-    if frac is not None:
-        sign, num, den = frac.group(1), frac.group(2) or frac.group(4), frac.group(3) or frac.group(5)
-        return ((-1 if sign == "-" else 1) * int(num) / int(den), False) if int(den) else None
-    pct = s.endswith("%")
-    if pct:
-        s = s.rstrip("%").removesuffix("\\").strip()
-    m = _NUMBER.match(s)
-    if m is None:
-        return None
-    rest = s[m.end() :].strip()
-    if rest and (pct or _UNIT.fullmatch(rest) is None):
-        return None
-    try:
-        value = float(m.group())
-    except ValueError:
-        return None
-    return (value, pct) if math.isfinite(value) else None
-
-
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+def _digit_gap(text: str) -> bool:
+    return _DIGIT_GAP.search(_FRAC_DIGITS.sub(r"\\\1{\2}{\3}", THOUSANDS.sub("", text))) is not None
 
 
 def _fast_grade(pred: str, gold: str) -> bool | None:
-    """True/False when cheap rules settle it, None when math-verify must decide."""
-    if "".join(pred.split()) == "".join(gold.split()):
+    """True/False when cheap rules settle it, None when math-verify must decide.
+
+    Equal up to white space (:func:`squash_spaces`); plain numbers by :func:`oar.grading.numbers.numbers_match`
+    (exact, or within the tolerance of a decimal gold); and False, without math-verify, when either side is over
+    ``MAX_ANSWER_CHARS``, has digits separated by white space, or would make sympy compute a huge integer
+    (:func:`oar.grading.numbers.too_costly`).
+    """
+    if squash_spaces(pred) == squash_spaces(gold):
         return True
-    p, g = _as_number(pred), _as_number(gold)
-    if p is None or g is None:
-        return False if len(pred) > MAX_ANSWER_CHARS or _HUGE.search(pred) else None
-    (pv, ppct), (gv, gpct) = p, g
-    candidates = {pv, pv / 100} if ppct else {pv}
-    targets = {gv, gv / 100} if gpct else {gv}
-    return any(_close(c, t) for c in candidates for t in targets)
+    p, g = plain_number(pred), plain_number(gold)
+    if p is not None and g is not None:
+        return numbers_match(p, g)
+    if max(len(pred), len(gold)) > MAX_ANSWER_CHARS or _digit_gap(pred) or _digit_gap(gold):
+        return False
+    return False if too_costly(pred) or too_costly(gold) else None
+

@@ -19,11 +19,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from oar.credit import credit_column, import_modules
+from oar.credit import CreditSpec, import_modules
 from oar.files import atomic_write, read_jsonl
 from oar.lab.lm import LABS, LM_PROTOCOL, LM_QUICK, LM_QUICK_WARM_STEPS, LM_RECIPE, LMWarmStartConfig, lm_warm_start
 from oar.lab.run import RunConfig, credit_defaults, train_lab
 from oar.lab.summary import format_results_table, summarize_comparison
+from oar.lab.task import recorded_task
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.progress import RunTable
 from oar.quiet import quiet_libraries
@@ -75,12 +76,43 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
         rows = read_jsonl(run_dir / "metrics.jsonl")
     except (OSError, ValueError):
         return False
-    if meta.get("lab") != json.loads(json.dumps(asdict(cfg))) or meta.get("credit_defaults") != credit_defaults(cfg) \
-            or not rows or "eval/accuracy" not in rows[-1]:
+    if _lab_key(meta.get("lab")) != _lab_key(json.loads(json.dumps(asdict(cfg)))) \
+            or meta.get("credit_defaults") != credit_defaults(cfg) or not rows or "eval/accuracy" not in rows[-1]:
         return False
     last = rows[-1]
     stopped = last.get("wall_time", 0.0) >= cfg.budget_s or last.get("step", 0) >= cfg.max_steps
     return stopped and isinstance(summary, dict) and summary.get("final") == last
+
+
+def _lab_key(lab: dict | None) -> dict | None:
+    """A run's recorded ``RunConfig`` as compared on ``--resume``: its credit as one value (an older oar kept a
+    column's options in ``oar.credit_options``; folded into ``credit`` here) and its task without the knobs added
+    later at their defaults (:func:`oar.lab.task.recorded_task`), so an older oar's finished runs still count."""
+    if not isinstance(lab, dict):
+        return lab
+    warm = lab.get("warm")
+    if isinstance(warm, dict) and isinstance(warm.get("task"), dict):  # knobs added later, at their defaults
+        lab = {**lab, "warm": {**warm, "task": recorded_task(warm["task"])}}
+    if not (lab.get("oar") or {}).get("credit_options"):
+        return lab
+    oar = dict(lab["oar"])
+    options = oar.pop("credit_options")
+    return {**lab, "credit": str(CreditSpec.parse(lab["credit"]).merged(options, "oar.credit_options")), "oar": oar}
+
+
+def credit_columns(credits: tuple[str, ...]) -> dict[str, CreditSpec]:
+    """Each comparison column ``NAME`` or ``NAME@OPT=VALUE&...`` by its canonical text (its run directories'
+    name; a column given twice counts once), resolved to check it; ValueError naming an unknown credit or
+    option, a refused value or combination, or a column that cannot name a directory."""
+    columns: dict[str, CreditSpec] = {}
+    for text in credits:
+        spec = CreditSpec.parse(text)
+        name = str(spec)
+        if "/" in name or "\\" in name or ".." in name:  # the column names its run directories
+            raise ValueError(f"credit column {text!r} must not contain '/', '\\' or '..'")
+        spec.resolve()
+        columns[name] = spec
+    return columns
 
 
 def _die_with_parent(parent: int, poll_s: float = 0.5) -> None:
@@ -211,7 +243,7 @@ def compare(
     p = PRESETS[preset]
     imports = tuple(imports)
     import_modules(imports)  # before the columns: a credit they register is known, an unknown one errors now
-    columns = {c.strip().lower(): credit_column(c) for c in (credits or p.credits)}  # ValueError naming the bad one
+    columns = credit_columns(tuple(credits or p.credits))  # ValueError naming the bad one
     seeds = p.seeds if seeds is None else seeds
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
@@ -229,11 +261,11 @@ def compare(
                         imports)
 
 
-def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[str, dict]], seeds: int,
+def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, CreditSpec], seeds: int,
              workers: int, cache_dir, report: bool, resume: bool, live, verbose: bool,
              imports: tuple[str, ...] = ()) -> dict:
     """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None);
-    ``columns``: column name -> (credit, options) (:func:`credit_column`)."""
+    ``columns``: column name -> its credit (:func:`credit_columns`)."""
     warm, credits = base.warm, tuple(columns)
     names = [f"{c}-s{seed}" for seed in range(seeds) for c in credits]
     view = RunTable(names, workers, title=f"oar compare: {len(names)} runs, {workers} at a time",
@@ -251,9 +283,7 @@ def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[s
     jobs, dirs = [], {}
     for seed in range(seeds):  # seed-major: the credits of one seed run side by side on the cores
         for c in credits:
-            name, options = columns[c]
-            cfg = replace(base, credit=name, seed=seed,
-                          oar={**base.oar, "credit_options": options} if options else base.oar)
+            cfg = replace(base, credit=c, seed=seed)
             run_dir = out / f"{c}-s{seed}"
             dirs[(c, seed)] = run_dir
             if not (resume and finished_run(run_dir, cfg)):
@@ -262,7 +292,8 @@ def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, tuple[s
                 view.update(run_dir.name, status="cached", note="kept (--resume)")
     _run_jobs(jobs, workers, view, verbose, imports)
     view.update(REPORT_ROW, status="running", note="results.json, results.md, report.md")
-    results = summarize_comparison(dirs, reference="grpo" if "grpo" in credits else credits[0])
+    plain = [c for c, spec in columns.items() if not spec.resolve().method.acts]  # plain GRPO, if compared
+    results = summarize_comparison(dirs, reference=(plain or credits)[0])
     results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers})

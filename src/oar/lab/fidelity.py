@@ -56,18 +56,17 @@ def lab_batch(tokenizer, problems: list[LabProblem]) -> dict:
             "offsets": [[tuple(o) for o in c["offset_mapping"]] for c in comps]}
 
 
-def _columns(scorers: tuple[str, ...], what: str) -> list[tuple[str, object, dict]]:
-    """``(column, method, options)`` per scorer column (``NAME`` or ``NAME@OPT=V``, :func:`oar.credit.credit_column`);
+def _columns(scorers: tuple[str, ...], what: str) -> list[tuple[str, object]]:
+    """``(column, resolved credit)`` per scorer column (``NAME`` or ``NAME@OPT=V``, :class:`oar.credit.CreditSpec`);
     ValueError for a method that reads rollout-group statistics (no signal on single completions)."""
-    from oar.credit import credit_column, get_credit
+    from oar.credit import CreditSpec
 
     out = []
     for col in scorers:
-        name, options = credit_column(col)
-        m = get_credit(name)
-        if m.needs_group:
-            raise ValueError(f"credit {m.name!r} reads rollout-group statistics: no {what}")
-        out.append((col, m, options))
+        resolved = CreditSpec.parse(col).resolve()
+        if resolved.method.needs_group:
+            raise ValueError(f"credit {resolved.method.name!r} reads rollout-group statistics: no {what}")
+        out.append((col, resolved))
     return out
 
 
@@ -97,7 +96,7 @@ def attribution_fidelity(
     out: dict[str, dict[str, list[torch.Tensor]]] = {
         col: {"auc_filler": [], "auc_distractor": [], "auc_rest": [], "seconds": [],
               **{f"weights_{n}": [] for n in REASONING_KINDS.values()}}
-        for col, _, _ in methods
+        for col, _ in methods
     }
     model.eval()
     for i in range(0, len(problems), batch_size):
@@ -107,9 +106,9 @@ def attribution_fidelity(
         pos = reasoning & (b["labels"] == PIVOTAL)
         batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
                             model=model)
-        for col, m, options in methods:
+        for col, resolved in methods:
             t0 = time.thread_time()
-            tc = token_credit(m, batch, probe=probe, batch_size=batch_size, generator=gen, options=options)
+            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
             out[col]["seconds"].append(time.thread_time() - t0)
             out[col]["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
             out[col]["auc_distractor"].append(
@@ -156,10 +155,10 @@ def localisation(
         span = first_wrong_step(p.prompt, t)
         if extract_int(t) != p.answer and span is not None:
             failed.append((p.prompt, t, span))
-    out = {col: {"hits": 0.0, "chance": 0.0, "weight": 0.0, "n": 0} for col, _, _ in methods}
+    out = {col: {"hits": 0.0, "chance": 0.0, "weight": 0.0, "n": 0} for col, _ in methods}
     if not failed:
         return {col: {"rate": float("nan"), "chance": float("nan"), "weight_wrong_step": float("nan"),
-                      "completions": 0} for col, _, _ in methods}
+                      "completions": 0} for col, _ in methods}
     probe = OutcomeProbe(tokenizer, conclude=BOXED)
     gen = torch.Generator().manual_seed(seed)
     for i in range(0, len(failed), batch_size):
@@ -171,8 +170,8 @@ def localisation(
         for r, ((_, _, (lo, hi)), offsets) in enumerate(zip(chunk, b["offsets"], strict=True)):
             for t, (start, end) in enumerate(offsets):
                 wrong[r, t] = start < hi and end > lo
-        for col, m, options in methods:
-            tc = token_credit(m, batch, probe=probe, batch_size=batch_size, generator=gen, options=options)
+        for col, resolved in methods:
+            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
             rows = tc.mask.any(dim=1) & (tc.mask & wrong).any(dim=1)
             w = tc.weights.masked_fill(~tc.mask, float("-inf"))
             top = tc.mask & (w == w.amax(dim=1, keepdim=True))  # tokens sharing the largest weight share the hit

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from oar.credit import CreditBatch, register_credit
+from oar.credit import CreditBatch, bilevel_effect, register_credit
 from oar.credit.catalogue import BILEVEL
 from oar.credit.options import Option
 from oar.lab.lm import char_positions_to_tokens, token_char_spans
@@ -106,22 +106,25 @@ def pivotal_scores(model: torch.nn.Module | None, input_ids: torch.Tensor, atten
 
 
 register_credit(
-    "oracle-blame", combine="multiply", needs_policy=False, needs_probe=False, passes="0 (lab ground truth)",
+    "oracle-blame", combine="multiply", needs_policy=False, needs_probe=False, lab_only=True,
+    passes="0 (lab ground truth)",
     paper=ORACLE_PAPER, effect=mass_on_flagged, options={"floor": Option(FLOOR, float, FLOOR_RANGE)},
     summary="failed rows with a wrong written step: floor on the correct prefix, the mass on the first wrong "
             "step and after (mean 1); other rows uniform",
 )(blame_scores)
 
 register_credit(
-    "oracle-process", combine="multiply", needs_policy=False, needs_probe=False, passes="0 (lab ground truth)",
+    "oracle-process", combine="multiply", needs_policy=False, needs_probe=False, lab_only=True,
+    passes="0 (lab ground truth)",
     paper=PROCESS_PAPER, effect=flagged_only,
     summary="failed rows with a wrong written step: 0 on the correct prefix, 1 from the first wrong step on "
             "(mass not preserved); other rows uniform",
 )(blame_scores)
 
 register_credit(
-    "oracle-oar", combine="multiply", needs_policy=False, needs_probe=True, passes="0 (lab ground truth)",
+    "oracle-oar", combine="multiply", needs_policy=False, needs_probe=True, lab_only=True,
+    passes="0 (lab ground truth)",
     paper=f"{ORACLE_PAPER}; OAR's Bi-Level reshaping (arXiv 2601.07408)",
     summary="OAR's Bi-Level weights of perfect importance: 1 on the digits of written steps, 0 elsewhere",
-    options=BILEVEL,
+    effect=bilevel_effect, groups=(BILEVEL,),
 )(pivotal_scores)

@@ -29,6 +29,9 @@ CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.
 class RunConfig:
     """RL recipe of one lab run (the tuned defaults; docs/studies/first-study has what was tried).
 
+    ``credit``: the credit and its options in one value, ``NAME`` or ``NAME@OPT=VALUE&...``
+    (:class:`oar.credit.CreditSpec`; checked here, stored as its canonical text).
+
     ``budget_s``: training seconds (evaluation excluded) after which the run stops; ``max_steps`` caps it too.
     ``clock``: how training seconds are counted: ``"cpu"``, the CPU time of the thread that trains (one torch thread, so
     equal to wall-clock time on an idle core, and unchanged when other jobs share the machine), or ``"wall"``.
@@ -66,9 +69,14 @@ class RunConfig:
     eval_problems: int = 256
     eval_k: int = 4
     train_pool: int = 20_000
-    oar: dict = field(default_factory=dict)  # extra OARConfig fields (oar_tau, noise_std, probe_mode, ...)
+    oar: dict = field(default_factory=dict)  # extra OARConfig fields (oar_batch_size, oar_max_probe_length, ...)
 
     def __post_init__(self) -> None:
+        from oar.credit import CreditSpec
+
+        spec = CreditSpec.parse(self.credit)
+        spec.resolve()  # ValueError naming an unknown credit, option or value, before any work
+        object.__setattr__(self, "credit", str(spec))
         if self.budget_s <= 0:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
         if self.clock not in CLOCKS:
@@ -135,10 +143,10 @@ class LabCallback(RunDirCallback):
 
 
 def credit_defaults(cfg: RunConfig) -> dict:
-    """The registered option defaults of ``cfg.credit`` as JSON types (recorded in run.json)."""
-    from oar.credit import get_credit
+    """The registered option defaults of ``cfg.credit``'s method as JSON types (recorded in run.json)."""
+    from oar.credit import CreditSpec, get_credit
 
-    return json.loads(json.dumps(dict(get_credit(cfg.credit).options)))
+    return json.loads(json.dumps(dict(get_credit(CreditSpec.parse(cfg.credit).name).options)))
 
 
 def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None,

@@ -86,13 +86,19 @@ class TaskConfig:
     def key_fields(self) -> dict:
         """The fields that identify the task (knobs added later count only when set, so earlier tasks, their
         splits and their cached warm starts keep their keys)."""
-        return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
+        return recorded_task(asdict(self))
 
     def key(self) -> str:
         return hashlib.sha1(repr(sorted(self.key_fields().items())).encode()).hexdigest()[:12]
 
 
 _LATER_KNOBS = {"distractors": 0, "phrasing": "symbols"}
+
+
+def recorded_task(task: dict) -> dict:
+    """A task as a run records it (``asdict``), without the knobs added later at their defaults: what a run made
+    before a knob existed recorded (a finished run it still is, under ``--resume``)."""
+    return {k: v for k, v in task.items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
 @dataclass(frozen=True)

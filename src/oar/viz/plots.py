@@ -46,15 +46,16 @@ class Run:
 
     @property
     def credit(self) -> str:
-        """The run's credit column: its method and, when ``run.json``'s config sets ``credit_options``, those
-        options (``oar-p@horizon=2``), so runs of one method under other options form their own group."""
+        """The run's credit as one value (``oar-p@horizon=2``), as ``run.json`` records it; a run of an older oar
+        recorded the options apart (``config.credit_options``), joined back here, so runs of one method under
+        other options form their own group."""
+        from oar.credit.spec import CreditSpec  # pure Python: a report needs no torch
+
         name = str(self.meta.get("credit", self.path.name))
         options = (self.meta.get("config") or {}).get("credit_options")
         if not options:
             return name
-        from oar.credit.spec import column_name  # only for runs with options: a report of plain runs needs no torch
-
-        return column_name(name, options)
+        return str(CreditSpec.parse(name).merged(options, "config.credit_options"))
 
     @property
     def seed(self) -> int | None:

@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 
 from oar.attribution import AttributionRecord, attribute_batch, is_record_file, read_pairs, read_records
+from oar.credit.spec import CreditSpec
 from oar.viz.style import group_records
 
 DEFAULT_CREDIT = "oar-g"
@@ -21,6 +22,7 @@ def select_records(
     when None), then the first ``limit`` completions (each with all its credits)."""
     out = list(records)
     if credits:
+        credits = [str(CreditSpec.parse(c)) for c in credits]  # as the records write it
         present = list(dict.fromkeys(r.credit for r in out))
         missing = [c for c in credits if c not in present]
         if missing:
@@ -52,11 +54,10 @@ def compute_records(
 ) -> list[AttributionRecord]:
     """Load ``model_name`` (see :func:`oar.models.load_model_and_tokenizer`) and score every completion
     under every credit method; ``kwargs`` go to :func:`oar.attribution.attribute_batch`. Completion-major order."""
-    from oar.credit import get_credit
     from oar.models import load_model_and_tokenizer
 
-    for c in credits:  # fail on a bad name or a missing input before loading the model
-        if get_credit(c).needs_group and rewards is None:
+    for c in credits:  # fail on a bad credit or a missing input before loading the model
+        if CreditSpec.parse(c).resolve().method.needs_group and rewards is None:
             raise ValueError(f"credit {c!r} reads the rollout group: give rows with a 'reward' field "
                              "(completions of one prompt form a group)")
     model, tokenizer = load_model_and_tokenizer(model_name)

@@ -235,15 +235,10 @@ def step_advantages(batch: CreditBatch, rows: torch.Tensor, boundaries: list[lis
 def vine_scores(batch: CreditBatch, active: torch.Tensor | None = None, separator: str = SEPARATOR,
                 max_steps: int = 8, k: int = 4, temperature: float | None = None,
                 prefixes_per_call: int = 64) -> torch.Tensor:
-    """``[B, T]`` ΔV of each token's step (rows in ``active``; 0 elsewhere). ``batch.rollout`` generates and grades.
-
-    Without a rollout (the dummy calls of :func:`oar.distributed.equal_scorer_calls`, which carry none) the scores
-    are zeros: the effect, which every :func:`oar.credit.token_credit` call runs, reports the missing rollout."""
+    """``[B, T]`` ΔV of each token's step (rows in ``active``; 0 elsewhere). ``batch.rollout`` generates and grades
+    (the method is registered ``needs_rollout``, so :func:`oar.credit.token_credit` checks it is there)."""
     B, T = batch.completion_ids.shape
     out = torch.zeros(B, T, dtype=torch.float32, device=batch.completion_ids.device)
-    if batch.rollout is None:
-        return out
-    _check(separator, max_steps, k, temperature, prefixes_per_call)
     rows = torch.arange(B, device=out.device) if active is None else active.nonzero().squeeze(1)
     if not rows.numel():
         return out
@@ -255,29 +250,8 @@ def vine_scores(batch: CreditBatch, active: torch.Tensor | None = None, separato
     return out
 
 
-vine_scores.needs_rollout = True  # type: ignore[attr-defined]  # the trainer builds CreditBatch.rollout for it
-
-
-def _check(separator: str, max_steps: int, k: int, temperature: float | None, prefixes_per_call: int) -> None:
-    try:
-        re.compile(separator)
-    except (re.error, TypeError) as err:
-        raise ValueError(f"vine: separator must be a regular expression, got {separator!r} ({err})") from None
-    for name, value in (("max_steps", max_steps), ("k", k), ("prefixes_per_call", prefixes_per_call)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"vine: {name} must be an integer >= 1, got {value!r}")
-    if temperature is not None and not temperature > 0:
-        raise ValueError(f"vine: temperature must be > 0 or None, got {temperature!r}")
-
-
-def _need_rollout(batch: CreditBatch | None) -> None:
-    if batch is None or batch.rollout is None:
-        raise ValueError("credit 'vine' needs CreditBatch.rollout: an oar.credit.peers.vine.Continuations that samples "
-                         "from the policy and grades with the reward (OARGRPOTrainer builds one)")
-
-
-def replace_effect(scores: torch.Tensor, mask: torch.Tensor, batch: CreditBatch | None = None) -> torch.Tensor:
-    _need_rollout(batch)
+def replace_effect(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``vine``'s effect: ΔV is the token advantage itself."""
     return scores
 
 
@@ -292,7 +266,6 @@ def step_weights(delta: torch.Tensor, mask: torch.Tensor, advantages: torch.Tens
     return torch.where(keep, w, torch.ones_like(w))
 
 
-def weight_effect(scores: torch.Tensor, mask: torch.Tensor, batch: CreditBatch | None = None,
-                   eps: float = 0.05) -> torch.Tensor:
-    _need_rollout(batch)
+def weight_effect(scores: torch.Tensor, mask: torch.Tensor, batch: CreditBatch, eps: float = 0.05) -> torch.Tensor:
+    """``vine-w``'s effect: :func:`step_weights` of ΔV with the batch's sequence advantages."""
     return step_weights(scores, mask, batch.advantages.to(scores.device), eps)

@@ -8,22 +8,26 @@ scorer calls padded to the data-parallel max) and returns raw per-token scores; 
 driver applies the method's effect to the scores of the whole batch at once (:func:`fold_credit`: Bi-Level
 weights keep each completion's advantage mass; batch-level effects see the whole batch, never a micro-batch)
 and logs the metric schema of :mod:`oar.credit.metrics` (``METRIC_KEYS``: the same keys every step, and the
-same as TRL's trainer logs).
+same as TRL's trainer logs). A method that reads whole rollout groups (``gtpo``, ``ktae``) gets each row's
+group id and reward: the actor ranks gather their shards and score them together
+(:func:`oar.distributed.group_token_credit`), and the driver's effect reads the groups of the whole batch.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from oar.credit import CreditBatch, credit_effect, get_credit, token_credit
+from oar.credit import CreditBatch, CreditSpec, ResolvedCredit, credit_effect, token_credit
 from oar.credit.metrics import metric_totals, metrics_from_totals
-from oar.distributed import equal_scorer_calls, full_policy
+from oar.distributed import equal_scorer_calls, full_policy, group_token_credit
 from oar.probe import DEFAULT_CONCLUDE
+from oar.ranges import check_range
 
 
 @dataclass(frozen=True)
@@ -31,10 +35,13 @@ class OARVerlConfig:
     """The ``oar:`` block of a verl config (``+oar.credit=oar-g`` etc. on the command line; verl's own config
     dataclasses reject unknown keys, so OAR's knobs live in their own top-level block).
 
-    ``credit``: a registered credit method (:func:`oar.credit.get_credit`). ``options``: its options (e.g.
-    ``{noise_std: 1e-3, tau: 0.25}``). ``batch_size``: completions per scorer call (bounds the scorer's memory).
-    ``conclude_text``: the probe's conclusion prompt. ``max_probe_length``: truncate longer probes (tokens).
-    ``seed``: the scorer's random source (OAR-G noise), offset per data-parallel rank and step.
+    ``credit``: the credit and its options in one value, ``NAME`` or ``NAME@OPT=VALUE&OPT=VALUE``
+    (``+oar.credit='oar-g@mode=answer_mean&noise_std=0.001'``; :class:`oar.credit.CreditSpec`), resolved and
+    checked here, before any worker starts; afterwards it holds the canonical text and ``resolved`` the method
+    and its options. ``options``: deprecated (a ``FutureWarning``), merged into ``credit``. ``batch_size``:
+    completions per scorer call (bounds the scorer's memory). ``conclude_text``: the probe's conclusion prompt.
+    ``max_probe_length``: truncate longer probes (tokens). ``seed``: the scorer's random source (OAR-G noise),
+    offset per data-parallel rank and step.
     """
 
     credit: str = "oar-g"
@@ -43,17 +50,26 @@ class OARVerlConfig:
     conclude_text: str = DEFAULT_CONCLUDE
     max_probe_length: int | None = None
     seed: int = 0
+    resolved: ResolvedCredit = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        m = get_credit(self.credit)  # ValueError listing the registered names
-        if m.needs_group:
-            raise ValueError(f"oar.credit={self.credit!r} needs whole rollout groups on one rank, which the verl "
-                             "plugin does not assemble yet; use a per-completion method (e.g. oar-g, oar-p)")
-        m.check_options(dict(self.options))  # ValueError naming an undeclared option
-        if self.batch_size < 1:
-            raise ValueError(f"oar.batch_size must be >= 1, got {self.batch_size!r}")
-        if self.max_probe_length is not None and self.max_probe_length < 2:
-            raise ValueError(f"oar.max_probe_length must be >= 2 or null, got {self.max_probe_length!r}")
+        spec = CreditSpec.parse(self.credit)
+        if self.options:
+            spec = spec.merged(dict(self.options), "oar.options")
+            warnings.warn(f"oar.options is deprecated: write the options into the credit, +oar.credit='{spec}'",
+                          FutureWarning, stacklevel=3)
+        resolved = spec.resolve()  # ValueError naming an unknown credit, option or value, or a refused combination
+        if resolved.method.needs_rollout:
+            raise ValueError(f"oar.credit={str(spec)!r} samples continuations from the policy, which the verl plugin "
+                             "does not do; use the TRL trainer (oar train) or a method without rollout")
+        if resolved.method.lab_only:
+            raise ValueError(f"oar.credit={str(spec)!r} is lab-only (it reads the arithmetic lab's ground truth)")
+        object.__setattr__(self, "credit", str(spec))
+        object.__setattr__(self, "options", {})
+        object.__setattr__(self, "resolved", resolved)
+        check_range("oar.batch_size", self.batch_size, ">= 1")
+        if self.max_probe_length is not None:
+            check_range("oar.max_probe_length", self.max_probe_length, ">= 2")
         if not self.conclude_text:
             raise ValueError("oar.conclude_text must be a non-empty string")
 
@@ -62,7 +78,7 @@ class OARVerlConfig:
         """From the config's ``oar`` block (a dict or an OmegaConf node; None = defaults); ValueError naming an
         unknown key."""
         block = dict(block or {})
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(block) - known)
         if unknown:
             raise ValueError(f"unknown oar config key(s) {unknown}; valid: {sorted(known)}")
@@ -71,10 +87,8 @@ class OARVerlConfig:
         return cls(**block)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain types only (travels to the workers in the batch's metadata)."""
-        d = asdict(self)
-        d["options"] = dict(self.options)
-        return d
+        """Plain types only (travels to the workers in the batch's metadata): the credit as one value."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init and f.name != "options"}
 
 
 def active_rows(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -93,50 +107,68 @@ def score_shard(
     cfg: OARVerlConfig, model: torch.nn.Module, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     response_ids: torch.Tensor, response_mask: torch.Tensor, active: torch.Tensor,
     generator: torch.Generator | None = None, group: dist.ProcessGroup | None = None,
+    group_ids: torch.Tensor | None = None, rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Actor side: raw scores ``[b, T]`` and the tokens they cover ``[b, T]`` bool for this rank's shard.
 
     ``model``: the actor module as the engine holds it (FSDP2 or plain; FSDP1 is refused). Prompts ``[b, P]``
     in any padding side, responses ``[b, T]`` right-padded, masks 0/1; ``active``: ``[b]`` bool. Every rank of
     ``group`` (the data-parallel group) must call it: the policy is gathered once and the scorer calls are
-    padded to the busiest rank.
+    padded to the busiest rank. ``group_ids`` (``[b]`` long, unique over the whole batch) and ``rewards``
+    (``[b]``): each row's rollout group and sequence reward, required by a method that reads whole groups, whose
+    shards are gathered over ``group`` and scored together.
     """
-    m = get_credit(cfg.credit)
+    m = cfg.resolved.method
+    if m.needs_group and (group_ids is None or rewards is None):
+        raise ValueError(f"oar.credit={cfg.credit!r} reads whole rollout groups: pass group_ids and rewards")
     probe = None
     if m.needs_probe:
         from oar.probe import OutcomeProbe
 
         probe = OutcomeProbe(tokenizer, conclude=cfg.conclude_text, max_length=cfg.max_probe_length)
-    with full_policy(model) as policy, equal_scorer_calls(m, policy, cfg.options, group) as counted:
+    with full_policy(model) as policy, equal_scorer_calls(cfg.resolved, policy, group) as counted:
         batch = CreditBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=response_ids,
-                            completion_mask=response_mask, model=policy if m.needs_policy else None)
-        credit = token_credit(counted, batch, active=active, probe=probe, batch_size=cfg.batch_size,
-                              generator=generator, options=cfg.options)
+                            completion_mask=response_mask, rewards=rewards, group=group_ids,
+                            model=policy if m.needs_policy else None)
+        kwargs = dict(probe=probe, batch_size=cfg.batch_size, generator=generator)
+        if m.needs_group:
+            credit = group_token_credit(counted, batch, active, group, **kwargs)
+        else:
+            credit = token_credit(counted, batch, active=active, **kwargs)
     return credit.scores, credit.mask
 
 
 def fold_credit(
     cfg: OARVerlConfig, advantages: torch.Tensor, response_mask: torch.Tensor, scores: torch.Tensor,
     mask: torch.Tensor, active: torch.Tensor, generator: torch.Generator | None = None,
+    group_ids: torch.Tensor | None = None, rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Driver side: token advantages ``[B, T]`` and the step's metrics (keys :data:`oar.credit.metrics.METRIC_KEYS`).
 
     ``advantages``: GRPO's ``[B, T]`` (the sequence advantage on every response token); ``scores`` / ``mask``:
-    the actor's output for the whole batch; ``active``: ``[B]`` bool. The method's effect runs once over the
-    whole batch; where it does not act (``~mask``) the advantages are unchanged.
+    the actor's output for the whole batch; ``active``: ``[B]`` bool; ``group_ids`` / ``rewards`` (``[B]``):
+    required by a method that reads whole groups. The method's effect runs once over the whole batch; where it
+    does not act (``~mask``) the advantages are unchanged.
     """
-    m = get_credit(cfg.credit)
+    m, options = cfg.resolved
     if not (advantages.shape == response_mask.shape == scores.shape == mask.shape):
         raise ValueError(f"advantages {tuple(advantages.shape)}, response_mask {tuple(response_mask.shape)}, "
                          f"scores {tuple(scores.shape)} and mask {tuple(mask.shape)} must all be [B, T]")
+    if m.needs_group and (group_ids is None or rewards is None):
+        raise ValueError(f"oar.credit={cfg.credit!r} reads whole rollout groups: pass group_ids and rewards")
     mask = mask.bool() & response_mask.bool() & active.bool()[:, None]
-    weights, offsets = credit_effect(m, scores.float(), mask, options=m.check_options(dict(cfg.options)),
-                                     generator=generator)
+    batch = None
+    if m.needs_group:  # what a group effect reads: the rollout groups and rewards (the tokens stay on the actors)
+        none = torch.zeros(advantages.shape[0], 0, dtype=torch.long, device=advantages.device)
+        batch = CreditBatch(prompt_ids=none, prompt_mask=none, completion_ids=torch.zeros_like(response_mask).long(),
+                            completion_mask=response_mask, rewards=rewards, group=group_ids)
+    weights, offsets = credit_effect(m, scores.float(), mask, options=options, generator=generator, batch=batch)
     folded = advantages * weights.to(advantages.dtype) + offsets.to(advantages.dtype)
     folded = folded * response_mask.to(advantages.dtype)
     uniform = active & (((weights == 1) & (offsets == 0)) | ~mask).all(dim=1)
     nonfinite = torch.where(mask, ~torch.isfinite(scores), False).any(dim=1)
-    # the probe's row flags (no_answer, too_short) stay on the actor ranks: counted 0 here
+    # the probe's row flags (no_answer, too_short, too_long) stay on the actor ranks: counted 0 here
     flags = {"scored": active.bool(), "uniform": uniform, "nonfinite": nonfinite}
-    metrics = metrics_from_totals(torch.tensor([metric_totals(weights, offsets, mask, flags)]))
+    metrics = metrics_from_totals(metric_totals(weights, offsets, mask, flags))
     return folded, metrics
+

@@ -4,8 +4,9 @@
   the actor mesh like ``compute_log_prob`` (each data-parallel rank gets the same shard); it scores the shard with
   the engine's module (:func:`oar.integrations.verl.core.score_shard`) and returns ``oar_scores`` / ``oar_mask``.
 * :class:`OARTrainerSync`: verl's ``PPOTrainerSync`` with the actor role mapped to that worker; after the old
-  log-probs it marks the mixed-reward rows and calls ``compute_oar_scores``; after GRPO's advantages it folds the
-  scores into them over the whole batch (:func:`oar.integrations.verl.core.fold_credit`).
+  log-probs it marks the mixed-reward rows (and stores each row's group id and reward, for the methods that read
+  whole groups) and calls ``compute_oar_scores``; after GRPO's advantages it folds the scores into them over the
+  whole batch (:func:`oar.integrations.verl.core.fold_credit`).
 
 Selected with ``trainer.v1.trainer_mode=oar_sync``; knobs in the top-level ``oar:`` block. The worker path needs a
 GPU (verl's engines register CUDA/NPU devices only) and has not run in this repository's CI: see docs/scaling.md.
@@ -55,6 +56,7 @@ class OARActorRolloutRefWorker(ActorRolloutRefWorker):
         prompt_ids, prompt_mask = padded(data["prompts"], pad_id)
         response_ids, response_mask = padded(data["responses"], pad_id)
         active = data["oar_active"].bool()
+        group_ids, rewards = data["oar_group"].long(), data["oar_reward"].float()
         device = next(engine.module.parameters()).device
         rank = engine.get_data_parallel_rank()
         generator = torch.Generator(device=device).manual_seed(cfg.seed + 7919 * rank + 104729 * step)
@@ -62,7 +64,7 @@ class OARActorRolloutRefWorker(ActorRolloutRefWorker):
             scores, mask = score_shard(
                 cfg, engine.module, tokenizer, prompt_ids.to(device), prompt_mask.to(device),
                 response_ids.to(device), response_mask.to(device), active.to(device), generator,
-                group=engine.get_data_parallel_group(),
+                group=engine.get_data_parallel_group(), group_ids=group_ids.to(device), rewards=rewards.to(device),
             )
         out = {"oar_scores": response_to_nested(scores.float().cpu(), data["response_mask"]),
                "oar_mask": response_to_nested(mask.cpu(), data["response_mask"])}
@@ -93,9 +95,11 @@ class OARTrainerSync(PPOTrainerSync):
         rewards = data["rm_scores"]
         rewards = padded(rewards)[0].sum(dim=1) if rewards.is_nested else rewards.reshape(len(batch), -1).sum(dim=1)
         _, group = np.unique(np.array([str(u) for u in tu.get(data, key="uid")]), return_inverse=True)
-        active = active_rows(rewards.float(), torch.as_tensor(group, dtype=torch.long))
-        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                                fields=TensorDict({"oar_active": active}, batch_size=len(batch)))
+        group = torch.as_tensor(group, dtype=torch.long)
+        active = active_rows(rewards.float(), group)
+        fields = TensorDict({"oar_active": active, "oar_group": group, "oar_reward": rewards.float()},
+                            batch_size=len(batch))
+        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         batch.extra_info.update({"oar_config": self.oar.to_dict(), "oar_step": int(self.global_steps)})
         output = self.actor_rollout_wg.compute_oar_scores(batch)
         assert len(output) == len(batch)
@@ -103,14 +107,15 @@ class OARTrainerSync(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
-        fields = ["advantages", "response_mask", "oar_scores", "oar_mask", "oar_active"]
+        fields = ["advantages", "response_mask", "oar_scores", "oar_mask", "oar_active", "oar_group", "oar_reward"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         advantages, _ = padded(data["advantages"], 0.0)
         response_mask, _ = padded(data["response_mask"], 0)
         scores, _ = padded(data["oar_scores"], 0.0)
         mask, _ = padded(data["oar_mask"], 0)
         folded, oar_metrics = fold_credit(self.oar, advantages, response_mask, scores, mask.bool(),
-                                          data["oar_active"].bool())
+                                          data["oar_active"].bool(), group_ids=data["oar_group"].long(),
+                                          rewards=data["oar_reward"].float())
         assert tuple(oar_metrics) == METRIC_KEYS
         metrics.update(oar_metrics)
         out = TensorDict({"advantages": response_to_nested(folded, data["response_mask"])}, batch_size=len(batch))
