@@ -149,3 +149,34 @@ def test_trainer_samples_rollouts_from_the_copy_and_trains_the_policy(tmp_path, 
     assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
     assert not torch.equal(calls[0], calls[1])  # the second rollout saw the first update
     assert all(math.isfinite(r["loss"]) for r in trainer.state.log_history if "loss" in r)
+
+
+def test_rows_that_end_leave_the_batch_without_changing_the_others(char_tokenizer):
+    """With most rows ending early (their first token is eos), the rows still running sample exactly what they
+    sample alone (greedy), and the result keeps every row in its place."""
+    model = warm_tiny_lm(char_tokenizer, steps=60)
+    prompts = [char_tokenizer(r["prompt"])["input_ids"] for r in task_rows(8)]
+    ids, mask = _left_pad(prompts, char_tokenizer.pad_token_id)
+
+    class EndEarly(torch.nn.Module):
+        """Rows 0-5 are forced to eos at once; rows 6 and 7 run as the tiny LM samples them."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.first = inner, True
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            if self.first:
+                out.logits[:6, -1] = -1e4
+                out.logits[:6, -1, 1] = 0.0
+                self.first = False
+            return out
+
+    new = sample_tokens(EndEarly(model), ids, mask, max_new_tokens=12, temperature=0.0, eos_token_ids=1,
+                        pad_token_id=0)
+    assert (new[:6, 0] == 1).all() and (new[:6, 1:] == 0).all()
+    for i in (6, 7):
+        alone = sample_tokens(model, ids[i:i + 1], mask[i:i + 1], max_new_tokens=12, temperature=0.0,
+                              eos_token_ids=1, pad_token_id=0)
+        assert torch.equal(new[i, : alone.shape[1]], alone[0]) and (new[i, alone.shape[1]:] == 0).all()

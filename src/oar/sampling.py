@@ -35,34 +35,43 @@ def sample_tokens(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     """KV-cached sampling of a causal LM from left-padded prompts ``input_ids``/``attention_mask [B, P]``.
 
     Returns the new tokens ``[B, <= max_new_tokens]``: each row up to and including its first eos, then
-    ``pad_token_id``; it stops early once every row has ended. Positions count real tokens only, so a left-padded
-    row samples as it would alone.
+    ``pad_token_id``; it stops once every row has ended. Positions count real tokens only, so a left-padded row
+    samples as it would alone. Rows that have ended leave the batch (and the KV cache) once a quarter of the rows
+    still running have ended, so a few long rows do not keep paying for the whole batch.
     """
     from transformers import DynamicCache
 
     eos = torch.tensor([eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids),
                        dtype=torch.long, device=input_ids.device)
+    B = input_ids.shape[0]
+    out = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=input_ids.device)
+    if max_new_tokens == 0:
+        return out
     mask = attention_mask.long()
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     cache = DynamicCache()
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                    use_cache=True, logits_to_keep=1).logits[:, -1]
-    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    rows = torch.arange(B, device=input_ids.device)  # the original row of each row still in the batch
+    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     next_pos = pos[:, -1:] + 1
-    out = []
-    for _ in range(max_new_tokens):
+    length = 0
+    for t in range(max_new_tokens):
         tok = draw(logits, temperature, generator).masked_fill(done, pad_token_id)
-        out.append(tok)
-        done |= torch.isin(tok, eos)
-        if bool(done.all()) or len(out) == max_new_tokens:
+        out[rows, t] = tok
+        length = t + 1
+        done = done | torch.isin(tok, eos)
+        if bool(done.all()) or t + 1 == max_new_tokens:
             break
+        if int(done.sum()) * 4 >= done.numel():  # drop the ended rows from the batch and the cache
+            keep = (~done).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, tok, mask, next_pos, done = rows[keep], tok[keep], mask[keep], next_pos[keep], done[keep]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache,
                        use_cache=True, logits_to_keep=1).logits[:, -1]
         next_pos = next_pos + 1
-    if not out:
-        return input_ids.new_empty((input_ids.shape[0], 0))
-    return torch.stack(out, 1)
+    return out[:, :length]
 
 
 def plain_sampling(config: Any) -> bool:
