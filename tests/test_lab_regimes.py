@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from oar.lab.compare import base_config
+from oar.lab.compare import PRESETS, base_config
 from oar.lab.fidelity import attribution_fidelity, localisation
 from oar.lab.model import ModelConfig, build_model, lab_tokenizer
-from oar.lab.regimes import REGIMES, apply_regime
+from oar.lab.regimes import REGIMES, Regime, apply_regime
 from oar.lab.task import (
     DISTRACTOR,
     PIVOTAL,
@@ -66,7 +66,19 @@ def test_regimes_apply_to_the_warm_start_task():
     with pytest.raises(ValueError, match="unknown regime 'longer'; regimes: default"):
         apply_regime(WarmStartConfig(), "longer")
     with pytest.raises(ValueError, match="unknown regime 'longer'; regimes: default"):
-        base_config("default", regime="longer")
+        base_config(PRESETS["default"], "longer")
+
+
+def test_a_regime_names_a_misspelt_field_when_declared():
+    """Every regime's task, recipe and protocol keys are fields of TaskConfig / RunConfig, checked when the regime
+    is made (so at import for REGIMES), not when a comparison first applies it."""
+    with pytest.raises(ValueError, match="regime recipe: 'learning_rate' is not a RunConfig field"):
+        Regime(recipe={"learning_rate": 1e-4})
+    with pytest.raises(ValueError, match="regime protocol: 'budget' is not a RunConfig field"):
+        Regime(protocol={"budget": 100.0})
+    with pytest.raises(ValueError, match="regime task: 'steps' is not a TaskConfig field"):
+        Regime({"steps": 3})
+    assert Regime({"verbosity": 0}, {"lr": 1e-4}, {"budget_s": 10.0}).recipe == {"lr": 1e-4}
 
 
 SCAN_CELL = Path(__file__).parent.parent / "docs" / "studies" / "headroom" / "results" / "headroom_long_b16"
@@ -78,21 +90,21 @@ def test_the_headroom_regime_reproduces_the_confirmed_scan_cell():
     and evaluation but trains the cell's recipe; an explicit budget still wins; a task-only regime leaves the recipe
     alone."""
     recorded = json.loads((SCAN_CELL / "results.json").read_text(encoding="utf-8"))["config"]
-    cell = base_config("default", regime="long-b16")
+    cell = base_config(PRESETS["default"], "long-b16")
     built = json.loads(json.dumps(asdict(cell)))
     for config in (built, recorded):  # knobs added later, at their defaults, compare as absent
         config["warm"]["task"] = recorded_task(config["warm"]["task"])
     assert {k: built.get(k) for k in recorded if k not in ("credit", "seed")} == \
         {k: v for k, v in recorded.items() if k not in ("credit", "seed")}
-    assert base_config("study", regime="long-b16") == cell
+    assert base_config(PRESETS["study"], "long-b16") == cell
     assert (cell.prompts_per_step, cell.group_size, cell.budget_s, cell.eval_every) == (4, 4, 100.0, 25)
-    quick = base_config("quick", regime="long-b16")
+    quick = base_config(PRESETS["quick"], "long-b16")
     assert (quick.prompts_per_step, quick.group_size, quick.lr) == (4, 4, 1e-4)
     assert (quick.budget_s, quick.eval_problems, quick.eval_every) == (30.0, 64, 10)
     assert quick.warm.task == cell.warm.task and quick.warm.steps != cell.warm.steps  # the smoke's short warm start
-    assert base_config("default", budget_s=40.0, regime="long-b16").budget_s == 40.0
-    assert base_config("default", regime="long-b16", run_overrides={"lr": 2e-4}).lr == 2e-4
-    long = base_config("default", regime="long")
+    assert base_config(PRESETS["default"], "long-b16", {"budget_s": 40.0}).budget_s == 40.0
+    assert base_config(PRESETS["default"], "long-b16", {"lr": 2e-4}).lr == 2e-4
+    long = base_config(PRESETS["default"], "long")
     assert long.warm == cell.warm and (long.prompts_per_step, long.budget_s) == (16, 240.0)
 
 

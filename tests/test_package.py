@@ -88,6 +88,8 @@ def rule_violations(mods: dict[str, tuple[set[str], set[str]]]) -> list[str]:
             broken += [f"{mod} imports trl at module level (only oar.trainer does)" for n in top if _under(n, "trl")]
         if not _under(mod, "oar.integrations.verl"):
             broken += [f"{mod} imports verl" for n in every if _under(n, "verl")]
+        if not _under(mod, "oar.lab.ray_pool", "oar.integrations.verl"):  # verl schedules its workers on Ray
+            broken += [f"{mod} imports ray (only oar.lab.ray_pool does)" for n in every if _under(n, "ray")]
         if _under(mod, "oar.lab"):
             broken += [f"{mod} (lab) imports {n}" for n in oar_imports if _under(n, "oar.train_run", "oar.cli")]
         if _under(mod, "oar.integrations"):
@@ -112,11 +114,13 @@ def test_import_rules_catch_violations():
         "oar.importance.lazy": (set(), {"transformers"}),  # allowed: inside a function
         "oar.integrations.verl.core": (set(), {"oar.trainer"}),
         "oar.eval.run": ({"trl"}, {"trl"}),
+        "oar.lab.compare": (set(), {"ray.util"}),
     }
     assert rule_violations(fake) == [
         "oar.credit.bad (core) imports oar.trainer",
         "oar.eval.run imports trl at module level (only oar.trainer does)",
         "oar.integrations.verl.core (integration) imports oar.trainer",
         "oar.lab.bad (lab) imports oar.train_run",
+        "oar.lab.compare imports ray (only oar.lab.ray_pool does)",
         "oar.reshape (core) imports transformers at module level",
     ]

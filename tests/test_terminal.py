@@ -18,7 +18,7 @@ import pytest
 
 SCRIPT = """
 import sys
-from oar.lab.compare import compare
+from oar.lab.compare import PRESETS, base_config, compare
 from oar.lab.model import ModelConfig
 from oar.lab.summary import print_summary
 from oar.lab.task import TaskConfig
@@ -29,9 +29,9 @@ if __name__ == "__main__":  # the workers are spawned: they import this file as 
     warm = WarmStartConfig(task=TaskConfig(verbosity=1, slip_rate=0.1), model=ModelConfig(hidden=32, layers=1, mlp=64),
                            steps=30, batch_size=16, lr=1e-2, warmup=5)
     overrides = {"eval_problems": 16, "eval_k": 1, "eval_every": 2, "prompts_per_step": 2, "group_size": 4,
-                 "max_completion_length": 48}
-    res = compare(out, preset="quick", seeds=1, budget_s=3, workers=2, warm=warm, cache_dir=cache,
-                  run_overrides=overrides)
+                 "max_completion_length": 48, "budget_s": 3, "warm": warm}
+    base = base_config(PRESETS["quick"], overrides=overrides)
+    res = compare(out, base, PRESETS["quick"].credits, seeds=1, workers=2, cache_dir=cache)
     print_summary(res, out)
 """
 NOISE = ("FutureWarning", "Loading weights", "Writing model shards", "Setting accelerator to CPU", "Traceback")

@@ -1,88 +1,73 @@
-"""The run-directory format every training run writes (``oar train``, the lab's runs), read by ``oar compare``
-and ``oar report``::
+"""The run-directory format every training run writes (``oar train``, the lab's runs), and its one reader::
 
     RUN_DIR/run.json           {"credit", "seed", "model", "dataset", ..., "config": {...}, "summary": {...}}
     RUN_DIR/metrics.jsonl      one JSON object per logging step: "step", "wall_time" (s since training start,
                                continued across resumes) and every logged key (TRL's and "oar/...")
+    RUN_DIR/summary.json       a lab run's final numbers (``oar.lab.run.train_lab``)
     RUN_DIR/attributions.jsonl token-credit dumps (``oar_dump_every > 0``)
     RUN_DIR/checkpoint-N/      TRL checkpoints, renamed into place when complete (:mod:`oar.checkpoints`)
 
-:class:`RunDirCallback` writes the first two from any ``transformers`` Trainer.
+:class:`oar.rundir_callback.RunDirCallback` writes ``run.json`` and ``metrics.jsonl`` from any ``transformers``
+Trainer; :class:`RunDir` reads a run directory (``oar compare``'s resume and results, ``oar report``'s plots).
+Imports no torch.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from oar.files import read_jsonl
 
-from oar.files import append_jsonl, atomic_write, read_jsonl
-
-
-def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> None:
-    """Write ``data`` as indented JSON to ``path``, atomically."""
-    atomic_write(path, json.dumps(data, indent=2, default=str))
+RUN_JSON, METRICS_JSONL, SUMMARY_JSON = "run.json", "metrics.jsonl", "summary.json"
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+class RunDir:
+    """One run directory: the paths of its files and their contents, read when asked (never cached)."""
 
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.run_json = self.path / RUN_JSON
+        self.metrics_jsonl = self.path / METRICS_JSONL
+        self.summary_json = self.path / SUMMARY_JSON
 
-class RunDirCallback(TrainerCallback):
-    """Writes ``run.json`` and ``metrics.jsonl`` into ``args.output_dir`` (main process only).
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
 
-    ``run_info``: what identifies the run (credit, seed, model, ...); stored in ``run.json`` with the full
-    config, plus a ``summary`` (TRL's final train metrics) when training ends. On resume, records past the
-    checkpoint's step are dropped and ``wall_time`` continues from the last kept record.
-    """
+    @property
+    def name(self) -> str:
+        return self.path.name
 
-    def __init__(self, run_info: dict[str, Any] | None = None) -> None:
-        self.run_info = dict(run_info or {})
-        self._t0 = 0.0
+    def is_run(self) -> bool:
+        """Whether the directory holds a run (its ``metrics.jsonl``)."""
+        return self.metrics_jsonl.is_file()
 
-    def _paths(self, args) -> tuple[Path, Path]:
-        out = Path(args.output_dir)
-        return out / "run.json", out / "metrics.jsonl"
+    def meta(self) -> dict[str, Any]:
+        """``run.json`` (``{}`` when there is none); ValueError when it is not a JSON object."""
+        if not self.run_json.is_file():
+            return {}
+        meta = json.loads(self.run_json.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError(f"{self.run_json}: expected a JSON object")
+        return meta
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        run_json, metrics = self._paths(args)
-        offset = 0.0
-        if metrics.is_file():  # resumed (or restarted) run: keep what the checkpoint covers
-            kept = [r for r in read_jsonl(metrics) if r.get("step", 0) <= state.global_step]
-            offset = max((r.get("wall_time", 0.0) for r in kept), default=0.0)
-            atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
-        self._t0 = time.time() - offset
-        info = {"credit": getattr(args, "credit", "grpo"), "seed": args.seed, **self.run_info}
-        info["config"] = args.to_dict()
-        info["resumed_from_step"] = state.global_step
-        write_json_atomic(run_json, info)
+    def metrics(self) -> list[dict[str, Any]]:
+        """The ``metrics.jsonl`` records in file order (a torn last line, from a run still writing, skipped; any
+        other bad line raises ValueError naming it); FileNotFoundError when the run has none."""
+        if not self.metrics_jsonl.is_file():
+            raise FileNotFoundError(f"{self.metrics_jsonl} not found")
+        return read_jsonl(self.metrics_jsonl)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        run_json, metrics = self._paths(args)
-        if "train_runtime" in logs:  # the end-of-training summary belongs to run.json, not the curve
-            info = json.loads(run_json.read_text(encoding="utf-8")) if run_json.is_file() else {}
-            info["summary"] = {k: _clean(v) for k, v in logs.items()}
-            write_json_atomic(run_json, info)
-            return
-        record = {"step": state.global_step, "wall_time": round(self.elapsed(), 3)}
-        record.update({k: _clean(v) for k, v in logs.items()})
-        self.append(args, record)
+    def summary(self) -> dict[str, Any] | None:
+        """``summary.json`` (a lab run's final numbers), None when there is none."""
+        if not self.summary_json.is_file():
+            return None
+        return json.loads(self.summary_json.read_text(encoding="utf-8"))
 
-    def elapsed(self) -> float:
-        """A record's ``wall_time``: seconds since training start, continued across resumes."""
-        return time.time() - self._t0
-
-    def append(self, args, record: dict[str, Any]) -> None:
-        """Append ``record`` as one line of ``metrics.jsonl`` (one write per line)."""
-        append_jsonl(self._paths(args)[1], [record], default=float)
+    def files(self) -> dict[str, bytes]:
+        """Every file under the directory by its relative path (``oar compare --backend ray`` sends a run's
+        files back to the machine that writes the results)."""
+        return {p.relative_to(self.path).as_posix(): p.read_bytes() for p in sorted(self.path.rglob("*"))
+                if p.is_file()}

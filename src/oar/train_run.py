@@ -1,8 +1,8 @@
 """``oar train`` as importable functions: its arguments, the trainer it builds, resume, training, the summary.
 
 The pieces live in their own modules: the data (:mod:`oar.train_data`), the ``--config`` file check
-(:mod:`oar.config_file`), the run directory (:mod:`oar.rundir`), checkpoints and the final save
-(:mod:`oar.checkpoints`).
+(:mod:`oar.config_file`), the run directory (:mod:`oar.rundir`, written by :mod:`oar.rundir_callback`),
+checkpoints and the final save (:mod:`oar.checkpoints`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from transformers import TrainerCallback
 
 from oar.checkpoints import checkpoint_step, last_checkpoint, save_final_model
 from oar.config_file import check_config_file
-from oar.files import check_writable_dir, read_jsonl
+from oar.files import check_writable_dir
 from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template
-from oar.rundir import RunDirCallback
+from oar.rundir import RunDir
+from oar.rundir_callback import RunDirCallback
 from oar.train_data import format_train_dataset, read_train_dataset
 from oar.trainer import DEPRECATED_OPTION_FIELDS, OARConfig, stored_credit
 
@@ -189,7 +190,7 @@ def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=No
     out = Path(config.output_dir)
     check_writable_dir(out)
     checkpoint = last_checkpoint(out) if script_args.resume else None
-    if not script_args.resume and (out / "metrics.jsonl").is_file():
+    if not script_args.resume and RunDir(out).is_run():
         raise ValueError(f"output_dir {str(out)!r} already holds a run; pass --resume to continue it "
                          "or choose another --output_dir")
     if script_args.resume:
@@ -205,7 +206,7 @@ def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=No
     else:
         metrics = trainer.train(resume_from_checkpoint=checkpoint).metrics
     save_final_model(trainer, config.output_dir)
-    records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    records = RunDir(out).metrics() if RunDir(out).is_run() else []
     return summarize_run(records, metrics, config, checkpoint)
 
 
@@ -229,7 +230,7 @@ def _train_args(script_args: TrainArguments) -> dict[str, Any]:
 def check_resume(out: Path, script_args: TrainArguments, config: OARConfig) -> None:
     """ValueError naming every setting that differs from the run stored in ``out/run.json`` (model, dataset,
     data options and every ``OARConfig`` field outside :data:`RESUMABLE_FIELDS`), before anything loads."""
-    path = out / "run.json"
+    path = RunDir(out).run_json
     if not path.is_file():
         return
     try:

@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 
 from oar.files import atomic_write
-from oar.lab.compare import _finite, finished_run, worker_pool
+from oar.lab.compare import _finite, finished_run
 from oar.lab.model import sample
+from oar.lab.pool import worker_pool
 from oar.lab.run import RunConfig, train_lab
 from oar.lab.stats import mean_ci
 from oar.lab.task import (

@@ -35,12 +35,12 @@ CLAIM_POINTS = 5.0  # the headroom bar: best oracle - GRPO at the same number of
 
 def run_cell(cell: str, out: Path, credits: tuple[str, ...], seeds: int) -> dict:
     """One cell as an ``oar compare`` (resumed) into ``out/cell``; returns its results object."""
-    from oar.lab.compare import compare
+    from oar.lab.compare import PRESETS, base_config, compare
     from oar.lab.summary import print_summary
 
     regime, run = CELLS[cell]
-    results = compare(out / cell, preset="default", credits=credits, seeds=seeds, budget_s=BUDGET_S,
-                      regime=regime, run_overrides={**EVAL, **run}, resume=True, progress=sys.stdout.isatty())
+    base = base_config(PRESETS["default"], regime, {**EVAL, **run, "budget_s": BUDGET_S})
+    results = compare(out / cell, base, credits, seeds=seeds, resume=True, progress=sys.stdout.isatty())
     print_summary(results, out / cell)
     return results
 

@@ -1,8 +1,10 @@
 """``oar compare``: GRPO and OAR trained side by side on the lab under the same budget and seeds.
 
-Each (credit, seed) run is one single-thread process (``workers`` at a time, one per core); every run of a
-seed starts from the same cached warm start and draws the same prompts. Writes ``results.json`` and
-``results.md`` next to the run directories.
+:func:`base_config` builds the :class:`RunConfig` every run starts from (preset < regime < overrides);
+:func:`compare` trains every (column, seed) run from it and writes ``results.json``, ``results.md`` and
+``report.md`` next to the run directories. Each run is one single-thread process: on this machine's worker
+pool (:mod:`oar.lab.pool`, ``workers`` at a time) or as a Ray task (:mod:`oar.lab.ray_pool`); every run of a
+seed starts from the same warm start, built once here, and draws the same prompts.
 """
 
 from __future__ import annotations
@@ -10,29 +12,29 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import multiprocessing as mp
-import multiprocessing.queues
-import queue
-import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from oar.credit import CreditSpec, import_modules
-from oar.files import atomic_write, read_jsonl
+from oar.files import atomic_write
 from oar.lab.lm import LABS, LM_PROTOCOL, LM_QUICK, LM_QUICK_WARM_STEPS, LM_RECIPE, LMWarmStartConfig, lm_warm_start
-from oar.lab.run import RunConfig, credit_defaults, train_lab
+from oar.lab.pool import Job, run_local
+from oar.lab.ray_pool import RayOptions
+from oar.lab.run import RunConfig, credit_defaults
 from oar.lab.summary import format_results_table, summarize_comparison
-from oar.lab.task import recorded_task
+from oar.lab.task import TaskConfig, recorded_task
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.progress import RunTable
 from oar.quiet import quiet_libraries
+from oar.rundir import RunDir
 
 WARM_START_ROW, REPORT_ROW = "warm start (SFT)", "results and report"
+DEFAULT_WORKERS = 2  # the local pool: one run per core of a 2-core machine
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ComparePreset:
     """What one ``oar compare`` mode runs: credits × seeds runs of ``budget_s`` training seconds each."""
 
@@ -48,10 +50,32 @@ class ComparePreset:
 
 
 PRESETS: dict[str, ComparePreset] = {
-    "quick": ComparePreset(("grpo", "oar-g"), 1, 30.0, 10, 64, 2, warm_steps=250, smoke=True),
-    "default": ComparePreset(("grpo", "oar-g"), 2, 240.0, 20, 256, 4),
-    "study": ComparePreset(("grpo", "oar-g", "oar-p"), 6, 300.0, 30, 512, 4),
+    "quick": ComparePreset(credits=("grpo", "oar-g"), seeds=1, budget_s=30.0, eval_every=10, eval_problems=64,
+                           eval_k=2, warm_steps=250, smoke=True),
+    "default": ComparePreset(credits=("grpo", "oar-g"), seeds=2, budget_s=240.0, eval_every=20, eval_problems=256,
+                             eval_k=4),
+    "study": ComparePreset(credits=("grpo", "oar-g", "oar-p"), seeds=6, budget_s=300.0, eval_every=30,
+                           eval_problems=512, eval_k=4),
 }
+
+
+def get_preset(name: str) -> ComparePreset:
+    """The preset ``name``; ValueError naming the presets."""
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {name!r}")
+    return PRESETS[name]
+
+
+class RunsFailed(RuntimeError):
+    """Runs of a study that failed every attempt (``oar compare --backend ray``). ``failed``: run name -> the
+    description of each attempt's failure; ``results``: what the finished runs gave (written), or None."""
+
+    def __init__(self, failed: dict[str, list[str]], results: dict | None, out: Path) -> None:
+        self.failed, self.results = failed, results
+        runs = "; ".join(f"{name} ({len(errs)} attempts, last: {errs[-1]})" for name, errs in failed.items())
+        kept = f"the results of the other runs are in {out}; " if results else ""
+        super().__init__(f"{len(failed)} run(s) failed every attempt: {runs}; {kept}--resume trains only the runs "
+                         "that did not finish")
 
 
 def _finite(obj):
@@ -65,15 +89,14 @@ def _finite(obj):
     return obj
 
 
-def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
+def finished_run(run_dir: str | Path, cfg: RunConfig) -> bool:
     """Whether ``run_dir`` holds a completed lab run trained with exactly ``cfg``, proven by its own
     ``metrics.jsonl``: the last record is the held-out evaluation taken when training stopped (``budget_s``
     spent or ``max_steps`` reached), and ``summary.json`` names that same final evaluation. A ``summary.json``
     left over from an earlier run in the same directory proves nothing (the rerun restarted the metrics)."""
+    run = RunDir(run_dir)
     try:
-        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-        rows = read_jsonl(run_dir / "metrics.jsonl")
+        meta, summary, rows = run.meta(), run.summary(), run.metrics()
     except (OSError, ValueError):
         return False
     if _lab_key(meta.get("lab")) != _lab_key(json.loads(json.dumps(asdict(cfg)))) \
@@ -100,7 +123,7 @@ def _lab_key(lab: dict | None) -> dict | None:
     return {**lab, "credit": str(CreditSpec.parse(lab["credit"]).merged(options, "oar.credit_options")), "oar": oar}
 
 
-def credit_columns(credits: tuple[str, ...]) -> dict[str, CreditSpec]:
+def credit_columns(credits: Sequence[str]) -> dict[str, CreditSpec]:
     """Each comparison column ``NAME`` or ``NAME@OPT=VALUE&...`` by its canonical text (its run directories'
     name; a column given twice counts once), resolved to check it; ValueError naming an unknown credit or
     option, a refused value or combination, or a column that cannot name a directory."""
@@ -115,188 +138,183 @@ def credit_columns(credits: tuple[str, ...]) -> dict[str, CreditSpec]:
     return columns
 
 
-def _die_with_parent(parent: int, poll_s: float = 0.5) -> None:
-    """Pool-worker initializer: a daemon thread ends this process as soon as ``parent`` is gone (a killed
-    ``oar compare`` must not leave a worker training into a run directory a resumed compare will use)."""
-    import os
-    import threading
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="oar-die-with-parent", daemon=True).start()
+_RUN_FIELDS = frozenset(f.name for f in fields(RunConfig))
+_TASK_FIELDS = frozenset(f.name for f in fields(TaskConfig))
 
 
-def worker_pool(workers: int, events=None, verbose: bool = False,
-                imports: tuple[str, ...] = ()) -> ProcessPoolExecutor:
-    """``workers`` spawned processes that exit when this process dies (see :func:`_die_with_parent`), send
-    their progress reports to ``events`` (see :func:`_init_worker`) and first import ``imports`` (modules that
-    register credit methods: a spawned process starts with the built-ins only)."""
-    import os
-
-    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
-                               initargs=(os.getpid(), events, verbose, tuple(imports)))
+def _check_keys(what: str, keys, allowed: frozenset[str]) -> None:
+    unknown = sorted(set(keys) - allowed)
+    if unknown:
+        raise ValueError(f"{what}: unknown field(s) {', '.join(map(repr, unknown))}; "
+                         f"fields: {', '.join(sorted(allowed))}")
 
 
-# set in each worker by _init_worker: where progress reports go, and whether library noise stays
-_EVENTS: queue.SimpleQueue | mp.queues.Queue | None = None
-_VERBOSE = False
+def base_config(preset: ComparePreset, regime: str | None = None, overrides: Mapping | None = None,
+                lab: str = "char") -> RunConfig:
+    """The :class:`RunConfig` every run of a comparison starts from (credit and seed still to set).
 
-
-def _init_worker(events, verbose: bool) -> None:
-    global _EVENTS, _VERBOSE
-    _EVENTS, _VERBOSE = events, verbose
-
-
-def _init_pool_worker(parent: int, events, verbose: bool, imports: tuple[str, ...] = ()) -> None:
-    _die_with_parent(parent)
-    import_modules(imports)
-    _init_worker(events, verbose)
-
-
-def _job(args: tuple[RunConfig, str, str | None]) -> dict:
-    import torch
-
-    torch.set_num_threads(1)
-    cfg, run_dir, cache_dir = args
-    name = Path(run_dir).name
-
-    def report(**fields) -> None:
-        if _EVENTS is not None:
-            _EVENTS.put({"run": name, **fields})
-
-    report(status="running", note="")
-    try:
-        with quiet_libraries(_VERBOSE):
-            summary = train_lab(cfg, run_dir, cache_dir, report=report)
-    except BaseException:
-        report(status="failed")
-        raise
-    report(status="done", accuracy=summary["final"]["eval/accuracy"])
-    return summary
-
-
-def base_config(preset: str = "default", budget_s: float | None = None, verbosity: int | None = None,
-                warm: WarmStartConfig | LMWarmStartConfig | None = None, run_overrides: dict | None = None,
-                regime: str | None = None, lab: str = "char") -> RunConfig:
-    """The :class:`RunConfig` every run of a comparison starts from (credit and seed still to set): the preset's
-    budget and evaluation, then the regime's task and recipe (and its protocol unless the preset is a smoke one),
-    ``verbosity``, ``run_overrides`` and ``budget_s``, in that order of precedence. ``lab``: ``"char"`` (the
-    character lab) or a pretrained LM (:data:`oar.lab.lm.LM_MODELS`), whose own recipe and protocol replace the
-    preset's and the regime's (a regime gives it its task only). ValueError naming a bad preset, lab, regime or
-    field value."""
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
+    In order of precedence: the preset's budget and evaluation; the regime's task, recipe and (unless the preset
+    is a smoke one) protocol; ``overrides``, :class:`RunConfig` fields, of which ``warm`` (a
+    :class:`WarmStartConfig`) replaces the preset's warm start before the regime's task applies to it, and
+    ``task`` (a dict of :class:`oar.lab.task.TaskConfig` fields, e.g. ``{"verbosity": 0}``) applies after it.
+    ``lab``: ``"char"`` (the character lab) or a pretrained LM (:data:`oar.lab.lm.LM_MODELS`: the language-model
+    lab), whose own warm start, recipe and protocol (:data:`oar.lab.lm.LM_RECIPE`, ``LM_PROTOCOL``; ``LM_QUICK``
+    under a smoke preset) replace the preset's and the regime's: a regime gives it its task only.
+    ValueError naming a bad lab, regime, field or value."""
     if lab not in LABS:
         raise ValueError(f"lab must be one of {LABS}, got {lab!r}")
-    p = PRESETS[preset]
-    warm = warm or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
-    fields = {"budget_s": p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,
-              "eval_k": p.eval_k, **p.run}
+    overrides = dict(overrides or {})
+    task = overrides.pop("task", {})
+    _check_keys("overrides", overrides, _RUN_FIELDS)
+    _check_keys("task overrides", task, _TASK_FIELDS)
+    p = preset
+    warm = overrides.pop("warm", None) or (WarmStartConfig(steps=p.warm_steps) if p.warm_steps else WarmStartConfig())
+    run = {"budget_s": p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,
+           "eval_k": p.eval_k, **p.run}
     if regime is not None:
         from oar.lab.regimes import get_regime
 
         warm = replace(warm, task=replace(warm.task, **get_regime(regime).task))  # ValueError naming the regimes
         if lab == "char":
-            fields.update(get_regime(regime).recipe)
+            run.update(get_regime(regime).recipe)
             if not p.smoke:
-                fields.update(get_regime(regime).protocol)
-    if lab != "char" and not isinstance(warm, LMWarmStartConfig):
-        warm = LMWarmStartConfig(model=lab, task=warm.task, **({"steps": LM_QUICK_WARM_STEPS} if p.smoke else {}))
+                run.update(get_regime(regime).protocol)
     if lab != "char":
-        fields.update(LM_RECIPE)
-        fields.update(LM_QUICK if p.smoke else LM_PROTOCOL)
-    if verbosity is not None:
-        warm = replace(warm, task=replace(warm.task, verbosity=verbosity))
-    fields.update(run_overrides or {})
-    if budget_s is not None:
-        fields["budget_s"] = budget_s
-    return RunConfig(warm=warm, **fields)
+        if not isinstance(warm, LMWarmStartConfig):
+            warm = LMWarmStartConfig(model=lab, task=warm.task,
+                                     **({"steps": LM_QUICK_WARM_STEPS} if p.smoke else {}))
+        run.update({**LM_RECIPE, **(LM_QUICK if p.smoke else LM_PROTOCOL)})
+    if task:
+        warm = replace(warm, task=replace(warm.task, **task))
+    return RunConfig(warm=warm, **{**run, **overrides})
+
+
+def run_name(column: str, warm_seed: int, seed: int) -> str:
+    """The run directory of ``column``'s run from warm start ``warm_seed`` with RL seed ``seed``."""
+    return f"{column}-s{seed}" if warm_seed == 0 else f"{column}-w{warm_seed}-s{seed}"
+
+
+def run_config(base: RunConfig, column: str, seed: int) -> RunConfig:
+    """The configuration of the run of comparison column ``column`` (a credit, with its options) and ``seed``."""
+    return replace(base, credit=column, seed=seed)
 
 
 def compare(
-    out_dir: str | Path, preset: str = "default", credits: tuple[str, ...] | None = None,
-    seeds: int | None = None, budget_s: float | None = None, verbosity: int | None = None, workers: int = 2,
-    warm: WarmStartConfig | None = None, cache_dir: str | Path | None = None, report: bool = True,
-    run_overrides: dict | None = None, resume: bool = False, regime: str | None = None, progress: bool = True,
-    verbose: bool = False, imports: tuple[str, ...] = (), lab: str = "char",
+    out: str | Path, base: RunConfig, columns: Sequence[str], *, seeds: int, workers: int | None = None,
+    resume: bool = False, progress: bool = True, verbose: bool = False, imports: Sequence[str] = (),
+    cache_dir: str | Path | None = None, report: bool = True, ray: RayOptions | None = None, warm_seeds: int = 1,
 ) -> dict:
-    """Run every (credit, seed) of ``preset`` (overridden by the arguments) and write the results.
+    """Train every (column, seed) run from ``base`` (:func:`base_config`) into ``out/COLUMN-sSEED`` and write
+    the results.
 
-    ``run_overrides``: extra :class:`RunConfig` fields applied to every run (e.g. ``{"lr": 3e-4}``).
-    ``regime``: a regime of :data:`oar.lab.regimes.REGIMES`: its task overrides (applied before ``verbosity``),
-    its recipe (batch shape, lr) and, except under a smoke preset (``quick``), its protocol (budget, evaluation).
-    Precedence: preset < regime < ``run_overrides`` < ``budget_s``.
-    ``resume``: keep the finished runs already in ``out_dir`` whose configuration is the one this call would
-    run (an interrupted comparison continues where it stopped); every other run is trained from the start.
+    ``columns``: credit columns (``grpo``, ``oar-g@beta=2``, ...), each checked before any work; the first
+    column that does not act (plain GRPO), else the first, is the reference. ``seeds``: seeds 0..seeds-1 per column.
+    ``workers``: runs at a time (local pool: default 2; Ray: default as many as the cluster takes).
+    ``resume``: keep the finished runs already in ``out`` whose configuration is the one this call would run
+    (an interrupted comparison continues where it stopped, on either backend); every other run is trained.
     ``progress``: draw the live table (warm start, then one line per run; :class:`oar.progress.RunTable`).
-    ``verbose``: keep the libraries' own warnings, logs and progress bars (:func:`oar.quiet.quiet_libraries`).
+    ``verbose``: keep the libraries' own warnings, logs and progress bars (:func:`oar.quiet.quiet_libraries`),
+    and Ray's.
     ``imports``: modules registering credit methods (``--import``), imported here and in every worker.
-    ``lab``: ``"char"`` or a pretrained LM (``"smollm2"``: the language-model lab, :mod:`oar.lab.lm`).
+    ``cache_dir``: the warm-start cache (default ``oar.cache``'s). ``report``: also write ``report.md``.
+    ``ray``: run every run as a Ray task (:class:`oar.lab.ray_pool.RayOptions`); None: the local pool.
+    ``warm_seeds``: warm starts 0..warm_seeds-1 (``base.warm`` with that ``seed``, each built once and cached);
+    every column runs ``seeds`` RL seeds from each, and a (warm start, RL seed) pair is the unit every interval is
+    over. Warm start 0's runs keep their names (``COLUMN-sSEED``), the others' are ``COLUMN-wW-sSEED``.
 
-    Returns the results object (also in ``out_dir/results.json``; table in ``out_dir/results.md``).
+    Returns the results object (also in ``out/results.json``; table in ``out/results.md``). Raises
+    :class:`RunsFailed` (after writing the results of the other runs) when a Ray run failed every attempt.
     """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
-    p = PRESETS[preset]
     imports = tuple(imports)
     import_modules(imports)  # before the columns: a credit they register is known, an unknown one errors now
-    columns = credit_columns(tuple(credits or p.credits))  # ValueError naming the bad one
-    seeds = p.seeds if seeds is None else seeds
+    specs = credit_columns(columns)  # ValueError naming the bad one
+    keys = list(specs)
+    if not keys:
+        raise ValueError("no credit columns to compare")
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    if workers < 1:
+    if warm_seeds < 1:
+        raise ValueError(f"warm_seeds must be >= 1, got {warm_seeds}")
+    if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    base = base_config(preset, budget_s=budget_s, verbosity=verbosity, warm=warm, run_overrides=run_overrides,
-                       regime=regime, lab=lab)
-    out = Path(out_dir)
+    if ray is not None:
+        ray.check()
+    out = Path(out).resolve()  # absolute: the same path in run.json on every backend and node
     out.mkdir(parents=True, exist_ok=True)
     from rich.live import Live
 
+    reference = next((c for c, spec in specs.items() if not spec.resolve().method.acts), keys[0])  # plain GRPO
     # Live re-draws the view 4 times a second and leaves its last state on the screen
     with quiet_libraries(verbose), (Live(refresh_per_second=4) if progress else contextlib.nullcontext()) as live:
-        return _compare(out, preset, base, columns, seeds, workers, cache_dir, report, resume, live, verbose,
-                        imports)
+        return _compare(out, base, keys, seeds, workers, cache_dir, report, resume, live, verbose, imports, ray,
+                        reference, warm_seeds)
 
 
-def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, CreditSpec], seeds: int,
-             workers: int, cache_dir, report: bool, resume: bool, live, verbose: bool,
-             imports: tuple[str, ...] = ()) -> dict:
+def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers: int | None, cache_dir,
+             report: bool, resume: bool, live, verbose: bool, imports: tuple[str, ...],
+             ray: RayOptions | None, reference: str, warm_seeds: int = 1) -> dict:
     """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None);
-    ``columns``: column name -> its credit (:func:`credit_columns`)."""
-    warm, credits = base.warm, tuple(columns)
-    names = [f"{c}-s{seed}" for seed in range(seeds) for c in credits]
-    view = RunTable(names, workers, title=f"oar compare: {len(names)} runs, {workers} at a time",
-                    before=(WARM_START_ROW,), after=(REPORT_ROW,))
-    if live is not None:
-        live.update(view)
+    ``reference``: the column the others are compared with (the one that does not act, plain GRPO, if any)."""
     t0 = time.perf_counter()
-    view.update(WARM_START_ROW, status="running", note="loading")
-    build = lm_warm_start if isinstance(warm, LMWarmStartConfig) else warm_start
-    _, _, warm_path = build(warm, cache_dir, report=lambda **f: view.update(WARM_START_ROW, **f))
-    warm_s = time.perf_counter() - t0  # once, before the workers (they load the cache)
-    cached = view.rows[WARM_START_ROW].step == 0
-    view.update(WARM_START_ROW, status="cached" if cached else "done",
-                note=f"key {warm_path.name}" if cached else f"{view.rows[WARM_START_ROW].note}, {warm_s:.0f} s")
-    jobs, dirs = [], {}
-    for seed in range(seeds):  # seed-major: the credits of one seed run side by side on the cores
-        for c in credits:
-            cfg = replace(base, credit=c, seed=seed)
-            run_dir = out / f"{c}-s{seed}"
-            dirs[(c, seed)] = run_dir
-            if not (resume and finished_run(run_dir, cfg)):
-                jobs.append((cfg, str(run_dir), str(cache_dir) if cache_dir else None))
-            else:
-                view.update(run_dir.name, status="cached", note="kept (--resume)")
-    _run_jobs(jobs, workers, view, verbose, imports)
+    units = [(w, seed) for w in range(warm_seeds) for seed in range(seeds)]  # unit-major: a unit's credits together
+    names = [run_name(c, w, seed) for w, seed in units for c in columns]
+    session, limit = contextlib.nullcontext(), workers  # limit: runs in flight (Ray: None, the cluster decides)
+    if ray is None:
+        workers = limit = workers or DEFAULT_WORKERS
+        title = f"oar compare: {len(names)} runs, {workers} at a time"
+    else:
+        from oar.lab.ray_pool import cluster_cpus, ray_session
+
+        session = ray_session(ray, workers, verbose, imports)
+    with session:
+        if ray is not None:
+            workers = min(limit or len(names), cluster_cpus())  # at a time now, for the table and its ETA
+            title = f"oar compare on Ray: {len(names)} runs, {workers} at a time"
+        view = RunTable(names, workers, title=title, before=(WARM_START_ROW,), after=(REPORT_ROW,))
+        if live is not None:
+            live.update(view)
+        t_warm = time.perf_counter()
+        build = lm_warm_start if isinstance(base.warm, LMWarmStartConfig) else warm_start
+        warms, warm_paths = [replace(base.warm, seed=w) for w in range(warm_seeds)], []
+        for w, warm in enumerate(warms):  # once each, before the workers (they load the cache)
+            view.update(WARM_START_ROW, status="running", note="loading" + (f" (seed {w})" if warm_seeds > 1 else ""))
+            warm_paths.append(build(warm, cache_dir, report=lambda **f: view.update(WARM_START_ROW, **f))[2])
+        warm_path, warm_s = warm_paths[0], time.perf_counter() - t_warm
+        cached = view.rows[WARM_START_ROW].step == 0
+        view.update(WARM_START_ROW, status="cached" if cached else "done",
+                    note=f"key {warm_path.name}" if cached else f"{view.rows[WARM_START_ROW].note}, {warm_s:.0f} s")
+        jobs, dirs = [], {}
+        for w, seed in units:
+            for c in columns:
+                cfg = replace(run_config(base, c, seed), warm=warms[w])
+                run_dir = out / run_name(c, w, seed)
+                dirs[(c, seed if warm_seeds == 1 else f"w{w}-s{seed}")] = run_dir
+                if resume and finished_run(run_dir, cfg):
+                    view.update(run_dir.name, status="cached", note="kept (--resume)")
+                else:
+                    jobs.append(Job(cfg, str(run_dir), str(cache_dir) if cache_dir else None))
+        if ray is None:
+            run_local(jobs, workers, view, verbose, imports)
+            errors = {}
+        else:
+            from oar.lab.ray_pool import run_ray
+
+            errors = {}
+            for w, path in enumerate(warm_paths):  # one warm start shipped per batch of its runs
+                mine = [j for j in jobs if j.cfg.warm == warms[w]]
+                errors.update(run_ray(mine, view, path, ray, limit, verbose, imports) if mine else {})
+    failed = {name: errs for name, errs in errors.items() if len(errs) > ray.retries} if ray else {}
+    dirs = {k: d for k, d in dirs.items() if d.name not in failed}
+    if not dirs:
+        raise RunsFailed(failed, None, out)
     view.update(REPORT_ROW, status="running", note="results.json, results.md, report.md")
-    plain = [c for c, spec in columns.items() if not spec.resolve().method.acts]  # plain GRPO, if compared
-    results = summarize_comparison(dirs, reference=(plain or credits)[0])
-    results.update({"preset": preset, "warm_start": str(warm_path), "warm_start_seconds": warm_s,
+    credits = list(dict.fromkeys(c for c, _ in dirs))
+    results = summarize_comparison(dirs, reference=reference if reference in credits else credits[0])
+    results.update({"warm_start": str(warm_path), "warm_starts": [str(p) for p in warm_paths],
+                    "warm_seeds": warm_seeds, "warm_start_seconds": warm_s,
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
-                    "workers": workers})
+                    "workers": workers, "backend": "ray" if ray else "local",
+                    "errors": {name: errs for name, errs in errors.items() if errs}})
     atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
     table = format_results_table(results)
     atomic_write(out / "results.md", table)
@@ -305,37 +323,6 @@ def _compare(out: Path, preset: str, base: RunConfig, columns: dict[str, CreditS
 
         write_report([str(d) for d in dirs.values()], out, results_md=table)
     view.update(REPORT_ROW, status="done")
+    if failed:
+        raise RunsFailed(failed, results, out)
     return results
-
-
-def _drain(events, view: RunTable) -> None:
-    """Fold progress reports into ``view`` until the ``None`` sentinel."""
-    while (event := events.get()) is not None:
-        view.update(**event)
-
-
-def _run_jobs(jobs: list, workers: int, view: RunTable, verbose: bool = False,
-              imports: tuple[str, ...] = ()) -> None:
-    events = mp.get_context("spawn").Queue() if workers > 1 else queue.SimpleQueue()
-    drain = threading.Thread(target=_drain, args=(events, view), daemon=True)
-    drain.start()
-    for _, run_dir, _ in jobs[:workers]:  # a worker takes a while to import torch and TRL
-        view.update(Path(run_dir).name, status="starting", note="loading torch and TRL")
-    try:
-        if workers == 1:
-            _init_worker(events, verbose)
-            try:
-                for j in jobs:
-                    _job(j)
-            finally:
-                _init_worker(None, False)
-            return
-        with worker_pool(workers, events, verbose, imports) as pool:
-            for _ in pool.map(_job, jobs):
-                pass
-    finally:
-        events.put(None)
-        drain.join(timeout=10)
-        if isinstance(events, mp.queues.Queue):
-            events.close()
-            events.join_thread()

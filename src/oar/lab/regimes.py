@@ -11,8 +11,10 @@ reproduces the cell's runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
+from oar.lab.run import RunConfig
+from oar.lab.task import TaskConfig
 from oar.lab.warmstart import WarmStartConfig
 
 LONG = {"min_steps": 6, "max_steps": 8}  # one slipped step among many right ones (slip-rate warm start)
@@ -28,6 +30,12 @@ class Regime:
     task: dict = field(default_factory=dict)
     recipe: dict = field(default_factory=dict)
     protocol: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:  # a misspelt field fails when the regime is declared, not when it is run
+        for part, cls in (("task", TaskConfig), ("recipe", RunConfig), ("protocol", RunConfig)):
+            unknown = sorted(set(getattr(self, part)) - {f.name for f in fields(cls)})
+            if unknown:
+                raise ValueError(f"regime {part}: {', '.join(map(repr, unknown))} is not a {cls.__name__} field")
 
 
 REGIMES: dict[str, Regime] = {

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
-from oar.files import atomic_write, read_jsonl
+from oar.files import atomic_write
 from oar.lab.lm import LMWarmStartConfig, chat_prompt, lm_warm_start
 from oar.lab.model import accuracy
 from oar.lab.task import BOXED, lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
-from oar.rundir import RunDirCallback
+from oar.rundir import RunDir
+from oar.rundir_callback import RunDirCallback
 
 # how a lab run counts its training seconds (RunConfig.clock)
 # "cpu" is the training thread's own CPU time: the callbacks run on the thread that trains (torch at one thread),
@@ -88,7 +89,7 @@ class RunConfig:
 
 
 class LabCallback(RunDirCallback):
-    """The run directory of :class:`oar.rundir.RunDirCallback`, plus held-out evaluation every ``eval_every``
+    """The run directory of :class:`oar.rundir_callback.RunDirCallback`, plus held-out evaluation every ``eval_every``
     steps (merged into that step's record; step 0 before training) and a stop once ``budget_s`` training seconds
     have passed. ``wall_time`` counts training seconds only (by ``clock``, a key of :data:`CLOCKS`);
     ``eval_time`` the evaluation seconds so far.
@@ -162,9 +163,9 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     from oar.trainer import OARConfig, OARGRPOTrainer
 
     torch.set_num_threads(1)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    run = RunDir(run_dir)
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.metrics_jsonl.unlink(missing_ok=True)
     lm = isinstance(cfg.warm, LMWarmStartConfig)
     model, tok, warm_path = (lm_warm_start if lm else warm_start)(cfg.warm, cache_dir, progress=False)
     if cfg.freeze_embeddings:  # RL moves the blocks and the head; input embeddings stay as SFT left them
@@ -181,7 +182,7 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         ds = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
         test_prompts = None
     args = OARConfig(
-        output_dir=str(run_dir), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=lm,
+        output_dir=str(run.path), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=lm,
         oar_rollout_dtype="bfloat16" if lm else None,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size, num_generations=cfg.group_size,
         max_completion_length=max_len, temperature=cfg.temperature, top_k=0, top_p=1.0,
@@ -212,13 +213,12 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     if cfg.save_model:
         buf = io.BytesIO()
         torch.save(model.state_dict(), buf)
-        atomic_write(run_dir / "model.pt", buf.getvalue())
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    evals = [r for r in rows if "eval/accuracy" in r]
+        atomic_write(run.path / "model.pt", buf.getvalue())
+    evals = [r for r in run.metrics() if "eval/accuracy" in r]
     summary = {
         "credit": cfg.credit, "seed": cfg.seed, "steps": trainer.state.global_step,
         "train_seconds": cb.train_s, "eval_seconds": cb.eval_s, "wall_seconds": time.perf_counter() - t0,
         "start": evals[0], "final": evals[-1],
     }
-    atomic_write(run_dir / "summary.json", json.dumps(summary, indent=1))
+    atomic_write(run.summary_json, json.dumps(summary, indent=1))
     return summary

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oar.files import read_jsonl
 from oar.lab.stats import accuracy_at, diff_ci, first_reach, mean_accuracy_until, mean_ci, ratio_ci
+from oar.rundir import RunDir
 
 ORACLE_PREFIX = "oracle-"  # columns whose credit starts so are the headroom's upper bounds (oar.lab.oracle)
 GAIN_SHARE = 0.9  # updates to reach this share of the reference's final gain
@@ -32,7 +32,7 @@ def summarize_comparison(run_dirs: dict[tuple[str, int], Path], reference: str =
     ``matched_step`` (the fewest updates any run of the credit or of the reference made), ``matched_accuracy``,
     ``ref_matched_accuracy`` and ``matched_diff``; accuracies between evaluations are linearly interpolated.
     """
-    runs = {k: read_jsonl(d / "metrics.jsonl") for k, d in run_dirs.items()}
+    runs = {k: RunDir(d).metrics() for k, d in run_dirs.items()}
     per_run = {}
     for (credit, seed), rows in runs.items():
         evals = [r for r in rows if "eval/accuracy" in r]
@@ -188,7 +188,8 @@ def format_results_table(results: dict) -> str:
             f"| {_fmt(a['ess_ratio'], 1, 2)} | {_fmt(a['final_entropy'], 1, 3)} |")
     ref = results["reference_final_accuracy"]
     headroom = format_headroom_table(results)
-    notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, in points, mean ± std over seeds [95% CI "
+    over = ("(warm start, RL seed) units" if results.get("warm_seeds", 1) > 1 else "seeds")
+    notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, in points, mean ± std over {over} [95% CI "
              f"half-width]; Δ: difference of means vs {ref_name} [Welch 95% CI]; matched step: the fewest updates "
              f"any run of that credit or of {ref_name} made (accuracy interpolated between evaluations); "
              f"ref = {ref_name} final mean ({ref * 100:.1f})." if ref is not None else ""]

@@ -105,6 +105,19 @@ def train_sft(cfg: WarmStartConfig, progress: bool = True, report: Callable[...,
     return model, tok, info
 
 
+def cache_entry(cfg: WarmStartConfig, cache_dir: str | Path | None = None) -> Path:
+    """Where the warm start of ``cfg`` is cached: ``cache_dir/<cfg.key()>`` (default ``oar.cache``'s ``lab``)."""
+    return Path(cache_dir or oar_cache_dir("lab")) / cfg.key()
+
+
+def _store(path: Path, write: Callable[[Path], None]) -> None:
+    """Make the cache entry ``path`` by ``write(staging_dir)``, atomically; another process's entry is kept."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    write(tmp)
+    replace_dir(tmp, path, keep_existing=True)  # another process cached it first: keep theirs
+
+
 def warm_start(cfg: WarmStartConfig | None = None, cache_dir: str | Path | None = None, progress: bool = True,
                report: Callable[..., None] | None = None):
     """The warm-started lab model: loaded from ``cache_dir/<cfg.key()>`` when cached, else trained and saved
@@ -112,13 +125,37 @@ def warm_start(cfg: WarmStartConfig | None = None, cache_dir: str | Path | None 
     from transformers import Qwen2ForCausalLM
 
     cfg = cfg or WarmStartConfig()
-    path = Path(cache_dir or oar_cache_dir("lab")) / cfg.key()
+    path = cache_entry(cfg, cache_dir)
     if not (path / "info.json").exists():
         model, _, info = train_sft(cfg, progress, report)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{cfg.key()}."))
-        model.save_pretrained(tmp)
-        (tmp / "info.json").write_text(json.dumps({"config": asdict(cfg), **info}, indent=1))
-        replace_dir(tmp, path, keep_existing=True)  # another process cached it first: keep theirs
+
+        def write(tmp: Path) -> None:
+            model.save_pretrained(tmp)
+            (tmp / "info.json").write_text(json.dumps({"config": asdict(cfg), **info}, indent=1))
+
+        _store(path, write)
     model = Qwen2ForCausalLM.from_pretrained(path).float().eval()
     return model, lab_tokenizer(), path
+
+
+def cached_files(path: str | Path) -> dict[str, bytes]:
+    """The files of the cache entry ``path`` (weights, config, ``info.json``: 1.2 MB for the default model), by
+    relative path, to install the same warm start on another machine (:func:`install_warm_start`;
+    ``oar compare --backend ray``)."""
+    root = Path(path)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def install_warm_start(cfg: WarmStartConfig, files: dict[str, bytes], cache_dir: str | Path | None = None) -> Path:
+    """Put ``files`` (:func:`cached_files` of ``cfg``'s warm start) into this machine's cache unless it holds
+    the entry already; returns its path. :func:`warm_start` then loads it instead of training it again."""
+    path = cache_entry(cfg, cache_dir)
+
+    def write(tmp: Path) -> None:
+        for name, data in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_bytes(data)
+
+    if not (path / "info.json").exists():
+        _store(path, write)
+    return path

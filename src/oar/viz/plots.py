@@ -1,4 +1,5 @@
-"""Learning curves of run directories (``run.json`` + ``metrics.jsonl``) with matplotlib (Agg backend).
+"""Learning curves of run directories (:mod:`oar.rundir`: ``run.json`` + ``metrics.jsonl``) with matplotlib (Agg
+backend).
 
 Runs are grouped by credit method: one mean line per group, with a min-max band over its seeds.
 """
@@ -6,7 +7,6 @@ Runs are grouped by credit method: one mean line per group, with a min-max band 
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import re
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from oar.files import atomic_write, read_jsonl
+from oar.files import atomic_write
+from oar.rundir import METRICS_JSONL, RunDir
 
 # plotted first, in this order, when present; every other numeric metric with >= 2 points follows
 PREFERRED = ("eval/accuracy", "reward", "entropy", "oar/ess_ratio", "step_time", "oar/weight_std",
@@ -94,7 +95,7 @@ def _is_number(v: object) -> bool:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "metrics.jsonl").is_file()
+    return RunDir(path).is_run()
 
 
 def expand_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
@@ -106,22 +107,17 @@ def expand_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
             raise FileNotFoundError(f"run directory not found: {p}")
         found = [p] if is_run_dir(p) else sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c))
         if not found:
-            raise FileNotFoundError(f"{p} has no metrics.jsonl (nor sub-directories with one)")
+            raise FileNotFoundError(f"{p} has no {METRICS_JSONL} (nor sub-directories with one)")
         out.extend(found)
     return out
 
 
 def load_run(run_dir: str | os.PathLike) -> Run:
-    """Read ``run.json`` (optional) and ``metrics.jsonl``; a bad line raises ``ValueError`` naming it (a
-    half-written last line, from a run still writing, is skipped)."""
-    run_dir = Path(run_dir)
-    meta_path, metrics_path = run_dir / "run.json", run_dir / "metrics.jsonl"
-    if not metrics_path.is_file():
-        raise FileNotFoundError(f"{metrics_path} not found")
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-    if not isinstance(meta, dict):
-        raise ValueError(f"{meta_path}: expected a JSON object")
-    return Run(run_dir, meta, read_jsonl(metrics_path))
+    """Read ``run.json`` (optional) and ``metrics.jsonl`` (:class:`oar.rundir.RunDir`); a bad line raises
+    ``ValueError`` naming it (a half-written last line, from a run still writing, is skipped)."""
+    run = RunDir(run_dir)
+    rows = run.metrics()  # FileNotFoundError first: a directory without metrics is no run
+    return Run(run.path, run.meta(), rows)
 
 
 def metric_keys(runs: Sequence[Run]) -> list[str]:
