@@ -126,13 +126,46 @@ def test_rank_correlation_ties_monotone_and_degenerate():
         rank_correlation([1.0, 2.0], [1.0])
 
 
-def test_record_correlation_uses_shared_reasoning_tokens_only():
-    a = _record(scores=(0.1, 0.5, 2.0, 100.0))
-    b = _record("entropy", scores=(1.0, 2.0, 3.0, -100.0))
+def test_record_correlation_compares_applied_weights_over_shared_reasoning_tokens():
+    a = _record()  # weights 0.5, 1.0, 2.0 over the reasoning
+    b = _record("entropy", scores=(9.0, 1.0, 5.0, 0.0))
+    b.weights = [0.1, 0.2, 3.0, 7.0]  # the answer token's weight does not count
+    assert record_correlation(a, b) == pytest.approx(1.0)
+    b.scores = [1.0, 2.0, 3.0, 4.0]  # the raw scores do not count either
     assert record_correlation(a, b) == pytest.approx(1.0)
     b.reasoning = [False, True, True, False]
-    b.scores = [9.0, 2.0, 1.0, 0.0]
+    b.weights = [9.0, 2.0, 1.0, 0.0]
     assert record_correlation(a, b) == pytest.approx(-1.0)
+
+
+def test_record_correlation_of_additive_credit_uses_token_advantages():
+    """KTAE-like (weight 1, offset added) against a multiplicative credit, at a negative advantage: the applied
+    token advantages A*w + o, not the weights (which would give the opposite sign)."""
+    mult = _record()
+    mult.advantage = -2.0  # token advantages -1, -2, -4: ranks reversed from the weights
+    add = _record("ktae")
+    add.weights, add.offsets, add.advantage = [1.0] * 4, [0.0, 0.5, 1.0, 0.0], -2.0  # -2, -1.5, -1
+    assert record_correlation(mult, add) == pytest.approx(-1.0)
+    mult.advantage = add.advantage = 2.0  # 1, 2, 4 and 2, 2.5, 3
+    assert record_correlation(mult, add) == pytest.approx(1.0)
+
+
+def test_shuffle_control_is_not_reported_identical_to_its_method(char_tokenizer, tiny_qwen2):
+    """The control keeps OAR-G's raw scores and permutes the weights: the viewer compares what each applies (the
+    campaign's case read +1.000 from the scores)."""
+    from oar.viz.style import correlations
+
+    gen = torch.Generator().manual_seed(0)
+    oar_g = attribute_batch(tiny_qwen2, char_tokenizer, PROMPTS[:1], COMPLETIONS[:1], "oar-g")[0]
+    shuffled = attribute_batch(tiny_qwen2, char_tokenizer, PROMPTS[:1], COMPLETIONS[:1], "shuffle:oar-g",
+                               generator=gen)[0]
+    assert shuffled.scores == pytest.approx(oar_g.scores)  # the raw signal is the same
+    assert sorted(shuffled.weights) == pytest.approx(sorted(oar_g.weights)) and shuffled.weights != oar_g.weights
+    [(a, b, rho)] = correlations([oar_g, shuffled])
+    assert (a, b) == ("oar-g", "shuffle:oar-g") and rho < 0.9
+    assert rho == pytest.approx(rank_correlation([w for w, m in zip(oar_g.weights, oar_g.reasoning, strict=True) if m],
+                                                 [w for w, m in zip(shuffled.weights, oar_g.reasoning, strict=True)
+                                                  if m]))
 
 
 PROMPTS = ["(2+3)*4?", "7-1?", "9+9?"]
@@ -186,6 +219,8 @@ def test_attribute_group_methods_take_rewards_and_group_by_prompt(char_tokenizer
                    "3+3=6 \\boxed{6}"]
     recs = attribute_batch(tiny_qwen2, char_tokenizer, prompts, completions, "ktae", rewards=[1, 0, 1, 0, 1, 1])
     assert [r.reward for r in recs] == [1, 0, 1, 0, 1, 1] and all(r.offsets is not None for r in recs)
+    assert [r.advantage > 0 for r in recs[:4]] == [True, False, True, False]  # the GRPO advantage the offsets join
+    assert [r.advantage for r in recs[4:]] == [0.0, 0.0]
     # the "3+3?" group has one outcome only: no key tokens; the "2+2?" group has some
     assert all(o == 0 for r in recs[4:] for o in r.offsets)
     assert any(o != 0 for r in recs[:4] for o in r.offsets)

@@ -101,7 +101,7 @@ def test_bad_arguments_raise_naming_the_value(tmp_path, capsys):
     assert main(["compare", "--address", "10.0.0.1:6379", "--retries", "1", "--out", str(tmp_path)]) == 2
     assert "--address, --retries needs --backend ray" in capsys.readouterr().err
     assert main(["compare", "--seeds", "0", "--out", str(tmp_path)]) == 2
-    assert "seeds must be >= 1, got 0" in capsys.readouterr().err
+    assert "seeds must be between 1 and 1000, got 0" in capsys.readouterr().err
     assert main(["compare", "--max-steps", "0", "--out", str(tmp_path)]) == 2
     assert "max_steps must be >= 1, got 0" in capsys.readouterr().err
     assert main(["compare", "--regime", "long-b8", "--out", str(tmp_path)]) == 2

@@ -232,3 +232,157 @@ def test_eval_of_an_empty_benchmark_file_is_one_line(tmp_path, capsys):
                  "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("oar eval: error:") and "'gsm8k'" in err[-1] and "no problems" in err[-1]
+
+
+# --- oar compare: the output directory, run directory names, results, --import (issue 31) ---------------------
+
+
+def test_run_dir_names_are_bounded_deterministic_and_distinct():
+    from oar.rundir import MAX_NAME_BYTES, run_dir_name
+
+    assert run_dir_name("grpo", 0) == "grpo-s0"
+    assert run_dir_name("oar-g@beta=2&tau=0.5", 11) == "oar-g@beta=2&tau=0.5-s11"
+    long = "oar-prefix@separator=" + "x" * 300
+    cases = [long, long + "y", long[:-1] + "y", "é" * 200, "a/b", "a\\b", "a\nb", ".hidden", "a~" + "0" * 16,
+             "x" * (MAX_NAME_BYTES - 3), "x" * (MAX_NAME_BYTES - 2), "中" * 60 + "@x=1"]
+    names = {(c, s): run_dir_name(c, s) for c in cases for s in (0, 7, 123)}
+    assert len(set(names.values())) == len(names)  # collision-free
+    for (c, s), name in names.items():
+        assert len(name.encode("utf-8")) <= MAX_NAME_BYTES and name.endswith(f"-s{s}"), name
+        assert "/" not in name and "\\" not in name and "\n" not in name and not name.startswith(".")
+        assert name == run_dir_name(c, s)  # deterministic
+    assert names[(long, 0)].startswith("oar-prefix@separator=xxx") and "~" in names[(long, 0)]
+    assert "~" not in names[("x" * (MAX_NAME_BYTES - 3), 0)] and "~" in names[("x" * (MAX_NAME_BYTES - 2), 0)]
+    assert "~" in names[("a~" + "0" * 16, 0)]  # a plain name never holds the shortened form's mark
+
+
+@pytest.fixture
+def fake_lab(monkeypatch):
+    """``oar compare`` without training: a cached warm start, and each run writes a small finished curve."""
+    from oar.lab import compare as lab_compare
+
+    def warm_start(cfg, cache_dir=None, report=None, progress=True):
+        return None, None, Path("fake-warm-start")
+
+    def train_lab(cfg, run_dir, cache_dir=None, report=None):
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)  # the long column's OSError came from here
+        evals = {"eval/greedy_accuracy": 0.3, "eval/pass_at_k": 0.5}
+        rows = [{"step": 0, "wall_time": 0.0, "eval/accuracy": 0.2, **evals},
+                {"step": 5, "wall_time": cfg.budget_s, "step_time": 1.0, "eval/accuracy": 0.4, **evals}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run_dir / "run.json").write_text(json.dumps({"credit": cfg.credit, "lab": asdict(cfg)}))
+        return {"final": rows[-1]}
+
+    from oar.lab import pool
+
+    monkeypatch.setattr(lab_compare, "warm_start", warm_start)
+    monkeypatch.setattr(pool, "train_lab", train_lab)
+
+
+def test_compare_with_a_long_credit_column_keeps_run_dir_names_in_bounds(tmp_path, fake_lab):
+    from oar.lab.compare import base_config, compare, get_preset
+    from oar.rundir import MAX_NAME_BYTES
+
+    long = "oar-prefix@separator=" + "x" * 300
+    res = compare(tmp_path / "out", base_config(get_preset("quick")), (long, long + "z"), seeds=2, workers=1,
+                  report=False, progress=False)
+    dirs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    assert len(dirs) == 4 and all(len(d.encode()) <= MAX_NAME_BYTES for d in dirs), dirs
+    assert set(res["credits"]) == {long, long + "z"}  # the full columns in the results
+    runs = [json.loads((tmp_path / "out" / d / "run.json").read_text()) for d in dirs]
+    assert sorted(r["lab"]["credit"] for r in runs) == sorted([long, long + "z"] * 2)  # each column whole
+
+
+def _compare_error(capsys, out, *extra) -> str:
+    from oar.cli import main
+
+    assert main(["compare", "--quick", "--credits", "grpo", "--workers", "1", "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("oar compare: error:") and sum("error:" in x for x in err) == 1, err
+    return err[-1]
+
+
+@pytest.mark.parametrize("blocked", ["out is a file", "out under a file", "out not writable", "run dir is a file",
+                                     "results.json is a directory", "figures is a file"])
+def test_compare_output_dir_problems_are_one_line_before_the_warm_start(tmp_path, capsys, monkeypatch, blocked):
+    import tempfile
+
+    from oar.lab import compare as lab_compare
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the warm start was reached")
+
+    monkeypatch.setattr(lab_compare, "warm_start", reached)
+    out, named = tmp_path / "out", None
+    if blocked == "out is a file":
+        out.write_text("x")
+    elif blocked == "out under a file":
+        (tmp_path / "f").write_text("x")
+        out = tmp_path / "f" / "out"
+    elif blocked == "out not writable":  # simulated: the suite may run as root, which ignores modes
+        def denied(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(tempfile, "mkstemp", denied)
+    else:
+        out.mkdir()
+        named = out / {"run dir is a file": "grpo-s0", "results.json is a directory": "results.json",
+                       "figures is a file": "figures"}[blocked]
+        named.mkdir() if blocked == "results.json is a directory" else named.write_text("x")
+    err = _compare_error(capsys, out)
+    assert str(named or out) in err, err
+
+
+def test_results_that_cannot_be_written_are_one_line_and_keep_the_runs(tmp_path, capsys, monkeypatch, fake_lab):
+    from oar.lab import compare as lab_compare
+
+    def full_disk(path, data):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(lab_compare, "atomic_write", full_disk)
+    err = _compare_error(capsys, tmp_path / "out")
+    assert "cannot write the results" in err and "No space left on device" in err and "--resume" in err, err
+    assert (tmp_path / "out" / "grpo-s0" / "metrics.jsonl").is_file()
+
+
+@pytest.fixture
+def user_modules(tmp_path, monkeypatch):
+    pkg = tmp_path / "usermods"
+    pkg.mkdir()
+    (pkg / "raises_value.py").write_text("x = 1\nraise ValueError('bad setting in the user module')\n")
+    (pkg / "raises_runtime.py").write_text("def f():\n    raise RuntimeError('boom')\nf()\n")
+    (pkg / "missing_dep.py").write_text("import not_an_installed_package_xyz\n")
+    (pkg / "syntax.py").write_text("def (:\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    return pkg
+
+
+@pytest.mark.parametrize("command", [["credits"], ["compare", "--quick"], ["attribute", "--prompt", "p",
+                                                                             "--completion", "c"],
+                                     ["train", "--model", "m"]])
+@pytest.mark.parametrize("module", [".relative", "..up", "pkg/mod.py", "a..b", "", "no_such_module_xyz",
+                                    "os.no_such_sub"])
+def test_import_of_a_bad_module_name_is_one_line(capsys, command, module):
+    from oar.cli import main
+
+    assert main([command[0], "--import", module, *command[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"oar {command[0]}: error: --import") and repr(module) in err[0], err
+
+
+@pytest.mark.parametrize("module, raised", [("raises_value", "ValueError"), ("raises_runtime", "RuntimeError"),
+                                            ("missing_dep", "ModuleNotFoundError"), ("syntax", "SyntaxError")])
+@pytest.mark.parametrize("command", ["credits", "compare", "train"])
+def test_a_user_module_that_raises_says_which_import_then_its_traceback(capsys, user_modules, module, raised,
+                                                                       command):
+    from oar.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--import", module, *(["--model", "m"] if command == "train" else [])])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    first, rest = err.split("\n", 1)
+    assert first == (f"oar {command}: error: --import {module!r} failed: importing it raised {raised} "
+                     "(its traceback follows)")
+    assert rest.startswith("Traceback") and f"{module}.py" in rest and rest.strip().splitlines()[-1].startswith(raised)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,14 +45,19 @@ def workspace(tmp_path_factory, char_tokenizer):
 
 
 class _Crash(TrainerCallback):
-    """Raises at the start of step ``at`` (1-based), as a kill there would stop the run."""
+    """Raises at the start of step ``at`` (1-based), as a kill there would stop the run; ``after_update``: at its
+    end instead (its rollout drawn and dumped, its update made, its checkpoint not yet saved)."""
 
-    def __init__(self, at: int) -> None:
-        self.at = at
+    def __init__(self, at: int, after_update: bool = False) -> None:
+        self.at, self.after_update = at, after_update
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step + 1 == self.at:
+        if not self.after_update and state.global_step + 1 == self.at:
             raise KeyboardInterrupt(f"crash before step {self.at}")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.after_update and state.global_step == self.at:
+            raise KeyboardInterrupt(f"crash at the end of step {self.at}")
 
 
 def _one_error_line(stderr: str) -> str:
@@ -75,13 +82,16 @@ def _weights(out) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("credit", ["oar-g", "random"])
 def test_resume_after_a_crash_is_the_uninterrupted_run(workspace, credit):
-    """The scorer's generator and the rollout counter are checkpointed: crash after checkpoint-2, resume, and the
-    final weights, the logged losses and the attribution dumps equal the uninterrupted run's bit for bit."""
+    """The scorer's generator and the rollout counter are checkpointed: crash at the end of step 4 (after the
+    rollout of step 4 was dumped, before checkpoint-4), resume from checkpoint-2, and the final weights, the logged
+    losses and the attribution dumps equal the uninterrupted run's bit for bit: the dump drawn at step 3 is
+    written once (the resume drops the dumps past the checkpoint, as it drops the metrics)."""
     root, config = workspace
     common = ["--credit", credit, "--max_steps", "4", "--oar_dump_every", "3", "--oar_dump_count", "2"]
     _train(config, root / f"{credit}-full", *common)
     with pytest.raises(KeyboardInterrupt):
-        _train(config, root / f"{credit}-crash", *common, callbacks=[_Crash(at=4)])
+        _train(config, root / f"{credit}-crash", *common, callbacks=[_Crash(at=4, after_update=True)])
+    assert [d["step"] for d in read_jsonl(root / f"{credit}-crash" / "attributions.jsonl")] == [0, 0, 3, 3]
     assert last_checkpoint(root / f"{credit}-crash").endswith("checkpoint-2")
     _train(config, root / f"{credit}-crash", *common, "--resume")
     full, resumed = _weights(root / f"{credit}-full"), _weights(root / f"{credit}-crash")
@@ -109,6 +119,176 @@ def test_resume_from_a_checkpoint_at_max_steps_trains_no_further(workspace):
 
     final, ckpt = _weights(out), load_file(str(out / "checkpoint-2" / "model.safetensors"))
     assert all(torch.equal(final[k], ckpt[k]) for k in ckpt)
+
+
+# --- damaged checkpoints, rotation, symlinks, run.json (issues 31 and 35) ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpointed(workspace):
+    """A finished OAR-G run of 4 steps with checkpoint-2 and checkpoint-4 (copied per test before damage)."""
+    root, config = workspace
+    out = root / "checkpointed"
+    _train(config, out, "--credit", "oar-g", "--max_steps", "4")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    return out
+
+
+def _copy_run(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def _truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _damage(ckpt, how):
+    """Damage one file of the checkpoint directory ``ckpt`` as ``how`` says; returns the file's name."""
+    name, _, kind = how.partition(":")
+    path = ckpt / name
+    if kind == "truncated":
+        _truncate(path)
+    elif kind == "garbage":
+        path.write_bytes(b"\x00not a checkpoint file\xff" * 7)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "missing":
+        path.unlink()
+    elif kind == "wrong":  # a valid torch file of the wrong content
+        torch.save({"generator": "no", "rollouts": 1.5}, path)
+    elif kind == "step":  # trainer_state.json of another step
+        state = json.loads(path.read_text())
+        path.write_text(json.dumps({**state, "global_step": state["global_step"] - 1}))
+    return name
+
+
+DAMAGE = ["model.safetensors:truncated", "model.safetensors:empty", "optimizer.pt:truncated", "optimizer.pt:garbage",
+          "optimizer.pt:missing", "scheduler.pt:missing", "scheduler.pt:garbage", "rng_state.pth:truncated",
+          "rng_state.pth:missing", "oar_state_0.pth:garbage", "oar_state_0.pth:wrong", "trainer_state.json:step",
+          "trainer_state.json:truncated", "model.safetensors:missing"]
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_damaged_checkpoint_is_named_and_the_previous_one_resumed(tmp_path, capsys, checkpointed, how):
+    from oar.checkpoints import resume_checkpoint
+
+    out = _copy_run(checkpointed, tmp_path / "run")
+    name = _damage(out / "checkpoint-4", how)
+    assert resume_checkpoint(out).endswith("checkpoint-2")
+    err = capsys.readouterr().err
+    assert "checkpoint-4" in err and name in err and "resuming from checkpoint-2" in err, err
+    assert err.count("\n") == 1, err  # one line
+
+
+@pytest.mark.parametrize("how", DAMAGE[::3])
+def test_no_intact_checkpoint_is_one_line_naming_each(tmp_path, capsys, workspace, checkpointed, how):
+    _, config = workspace
+    out = _copy_run(checkpointed, tmp_path / "run")
+    name = _damage(out / "checkpoint-4", how)
+    _damage(out / "checkpoint-2", "optimizer.pt:truncated")
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--credit", "oar-g", "--max_steps", "4",
+                 "--resume"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert "checkpoint-4" in err and name in err and "checkpoint-2" in err and "optimizer.pt" in err, err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # nothing touched
+
+
+def test_resume_past_a_damaged_checkpoint_is_the_uninterrupted_run(tmp_path, capsys, workspace, checkpointed):
+    """checkpoint-4's optimizer state is broken and the final save never happened: --resume retrains steps 3-4
+    from checkpoint-2 and ends with the uninterrupted run's weights, metrics 1..4 once each."""
+    root, config = workspace
+    out = _copy_run(checkpointed, tmp_path / "run")
+    (out / "model.safetensors").unlink()
+    _damage(out / "checkpoint-4", "optimizer.pt:truncated")
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--credit", "oar-g", "--max_steps", "4",
+                 "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "checkpoint-4" in err and "optimizer.pt" in err and "resuming from checkpoint-2" in err
+    full, resumed = _weights(checkpointed), _weights(out)
+    assert max((full[k] - resumed[k]).abs().max().item() for k in full) == 0.0
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert json.loads((out / "run.json").read_text())["resumed_from_step"] == 2
+    from oar.checkpoints import resume_checkpoint
+
+    assert resume_checkpoint(out).endswith("checkpoint-4")  # the damaged one was replaced by a whole one
+
+
+def test_resume_does_not_follow_a_checkpoint_symlink_into_another_run(tmp_path, capsys, checkpointed):
+    from oar.checkpoints import checkpoint_dirs, last_checkpoint, resume_checkpoint, rotate
+
+    other = _copy_run(checkpointed, tmp_path / "other")
+    (other / "checkpoint-4").rename(other / "checkpoint-6")
+    state = json.loads((other / "checkpoint-6" / "trainer_state.json").read_text())
+    (other / "checkpoint-6" / "trainer_state.json").write_text(json.dumps({**state, "global_step": 6}))
+    out = _copy_run(checkpointed, tmp_path / "run")
+    (out / "checkpoint-6").symlink_to(other / "checkpoint-6", target_is_directory=True)
+    assert last_checkpoint(out).endswith("checkpoint-4") and resume_checkpoint(out).endswith("checkpoint-4")
+    err = capsys.readouterr().err
+    assert "checkpoint-6 is a symbolic link" in err and str(other / "checkpoint-6") in err
+    assert [n for n, _ in checkpoint_dirs(out)] == [2, 4]
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(save_total_limit=1),
+                                    state=types.SimpleNamespace(best_model_checkpoint=None))
+    rotate(trainer, str(out))  # never deletes through the link
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert (other / "checkpoint-6" / "model.safetensors").is_file()
+
+
+def test_a_checkpoint_whose_name_is_not_its_step_is_passed_over(tmp_path, capsys, checkpointed):
+    from oar.checkpoints import last_checkpoint, resume_checkpoint
+
+    out = _copy_run(checkpointed, tmp_path / "run")
+    (out / "checkpoint-2").rename(out / "checkpoint-8")  # holds step 2
+    assert last_checkpoint(out).endswith("checkpoint-4") and resume_checkpoint(out).endswith("checkpoint-4")
+    err = capsys.readouterr().err
+    assert "checkpoint-8" in err and "step 2, not 8" in err, err
+
+
+@pytest.mark.parametrize("run_json", ["missing", "no config", "a list"])
+def test_checkpoints_without_run_json_do_not_resume(tmp_path, capsys, workspace, checkpointed, run_json):
+    root, config = workspace
+    out = _copy_run(checkpointed, tmp_path / "run")
+    if run_json == "missing":
+        (out / "run.json").unlink()
+    else:
+        (out / "run.json").write_text(json.dumps({"credit": "oar-g"} if run_json == "no config" else [1]))
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--credit", "oar-g", "--max_steps", "6",
+                 "--resume"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert str(out / "run.json") in err and "cannot be checked" in err, err
+
+
+def test_rotation_killed_mid_delete_never_leaves_half_a_checkpoint(tmp_path, monkeypatch, checkpointed):
+    """A kill while rotation deletes checkpoint-2: what is left is a whole checkpoint-2 or none (its remains
+    are in .trash-checkpoint-2, which resume clears), never a checkpoint-2 with files missing."""
+    import shutil
+
+    from oar import checkpoints
+    from oar.checkpoints import resume_checkpoint, rotate
+
+    out = _copy_run(checkpointed, tmp_path / "run")
+    real = shutil.rmtree
+
+    def killed_rmtree(path, *args, **kwargs):
+        files = sorted(p for p in Path(path).iterdir() if p.is_file())
+        files[0].unlink()  # the first file is gone, then the kill
+        raise KeyboardInterrupt("killed mid-delete")
+
+    monkeypatch.setattr(checkpoints.shutil, "rmtree",
+                        lambda p, *a, **k: killed_rmtree(p) if "checkpoint-2" in str(p) and Path(p).exists()
+                        else real(p, *a, **k))
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(save_total_limit=1),
+                                    state=types.SimpleNamespace(best_model_checkpoint=None))
+    with pytest.raises(KeyboardInterrupt):
+        rotate(trainer, str(out))
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", real)
+    assert not (out / "checkpoint-2").exists() and (out / ".trash-checkpoint-2").is_dir()
+    (out / "checkpoint-4").rename(out / "moved-away")  # even with no newer checkpoint, the remains are not resumed
+    assert resume_checkpoint(out) is None and not (out / ".trash-checkpoint-2").exists()
 
 
 @pytest.mark.parametrize("change, field", [(["--learning_rate", "0.002"], "learning_rate"),

@@ -45,7 +45,7 @@ def test_doctor_runs():
 # --- import rules (docs/architecture.md, "Import rules"): checked on the source, import by import ----------
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-CORE = ("oar.advantages", "oar.reshape", "oar.ranges", "oar.answer_span", "oar.probe", "oar.importance",
+CORE = ("oar.advantages", "oar.reshape", "oar.steps", "oar.ranges", "oar.answer_span", "oar.probe", "oar.importance",
         "oar.credit", "oar.distributed", "oar.attribution", "oar.files", "oar.cache", "oar.prompts", "oar.grading")
 HEAVY = ("transformers", "trl", "verl", "datasets", "accelerate", "deepspeed")
 

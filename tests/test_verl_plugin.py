@@ -133,7 +133,7 @@ class WorkerGroup:
             tu.assign_non_tensor(data, **batch.extra_info)
             outs.append(plugin.OARActorRolloutRefWorker.compute_oar_scores(self.worker, data))
             self.calls += 1
-        for key in ("oar_scores", "oar_mask"):
+        for key in ("oar_scores", "oar_mask", "oar_ends"):
             self.store.fields[key] = nested([row for out in outs for row in out[key].unbind()])
         return list(range(B))
 

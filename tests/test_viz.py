@@ -119,7 +119,7 @@ def test_terminal_rendering():
     render_terminal([a, b], console)
     out = console.export_text()
     assert "Let x <&" in out and "\\boxed{2}" in out
-    assert f"rho(oar-g, entropy) over reasoning tokens = {record_correlation(a, b):+.3f}" in out
+    assert f"rho(oar-g, entropy) of the applied credit over reasoning tokens = {record_correlation(a, b):+.3f}" in out
     assert "What <is> x?" in out
     with pytest.raises(ValueError, match="no attribution records"):
         render_terminal([], console)

@@ -1,7 +1,7 @@
 """Token-credit records: what the trainer dumps and ``oar attribute`` renders (one JSON object a line).
 
 Also computes them: :func:`attribute_batch` runs the outcome probe, a scorer and Bi-Level reshaping on
-(prompt, completion) texts, and :func:`rank_correlation` compares two scorers.
+(prompt, completion) texts, and :func:`record_correlation` compares the credit two methods apply.
 """
 
 from __future__ import annotations
@@ -155,12 +155,28 @@ def rank_correlation(a: Sequence[float] | torch.Tensor, b: Sequence[float] | tor
     return float((ra * rb).sum() / denom) if denom > 0 else float("nan")
 
 
+def token_advantages(record: AttributionRecord, advantage: float | None = None) -> list[float]:
+    """Per token, the advantage ``record``'s method trains on: ``A * weight (+ offset)``, ``A`` being
+    ``advantage``, else the record's own, else 1."""
+    a = advantage if advantage is not None else record.advantage if record.advantage is not None else 1.0
+    offsets = record.offsets or [0.0] * len(record.weights)
+    return [a * w + o for w, o in zip(record.weights, offsets, strict=True)]
+
+
 def record_correlation(x: AttributionRecord, y: AttributionRecord) -> float:
-    """Spearman correlation of two records' scores over the tokens that are reasoning in both."""
+    """Spearman correlation of the credit two records of one completion apply, over the tokens that are reasoning
+    in both: their weights, or, when either method adds to or replaces the advantage, their token advantages
+    (:func:`token_advantages`, at the advantage the records carry). Not the raw scores: a control such as
+    ``shuffle:oar-g`` keeps OAR-G's scores and permutes the weights it applies."""
     if len(x.tokens) != len(y.tokens):
         raise ValueError(f"records differ in length ({len(x.tokens)} vs {len(y.tokens)} tokens)")
     both = [i for i, (p, q) in enumerate(zip(x.reasoning, y.reasoning, strict=True)) if p and q]
-    return rank_correlation([x.scores[i] for i in both], [y.scores[i] for i in both])
+    if x.offsets is None and y.offsets is None:
+        a, b = x.weights, y.weights
+    else:
+        adv = next((r.advantage for r in (x, y) if r.advantage is not None), None)
+        a, b = token_advantages(x, adv), token_advantages(y, adv)
+    return rank_correlation([a[i] for i in both], [b[i] for i in both])
 
 
 def _encode(tokenizer: Any, text: str, chat: bool, prompt: bool) -> list[int]:
@@ -216,6 +232,9 @@ def attribute_batch(
     method = resolved.method
     if method.needs_group and (rewards is None or len(rewards) != len(completions)):
         raise ValueError(f"credit {credit!r} reads the rollout group: pass one reward per completion (rewards=)")
+    if resolved.options.get("rule") in ("sign", "process") and (rewards is None or len(rewards) != len(completions)):
+        raise ValueError(f"credit {credit!r}: rule {resolved.options['rule']!r} reads the sign of each completion's "
+                         "advantage: pass one reward per completion (rewards=)")
     probe = probe or OutcomeProbe(tokenizer)
     device = next(model.parameters()).device
     c_rows = [_encode(tokenizer, c, chat, False) for c in completions]
@@ -231,7 +250,7 @@ def attribute_batch(
         var = torch.zeros_like(n).index_add_(0, group, (r - mean[group]) ** 2) / (n - 1).clamp_min(1)
         adv = (r - mean[group]) / (var.sqrt()[group] + 1e-4)
     batch = CreditBatch(p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device), advantages=adv,
-                        rewards=r, group=group, model=model)
+                        rewards=r, group=group, model=model, tokenizer=tokenizer)
     was_training = model.training
     model.eval()
     try:
@@ -245,7 +264,7 @@ def attribute_batch(
             tokens=decode_tokens(tokenizer, ids), scores=tc.scores[b, :k].tolist(),
             weights=tc.weights[b, :k].tolist(), reasoning=tc.mask[b, :k].tolist(),
             answer=tc.answer_mask[b, :k].tolist(), credit=str(spec), prompt=prompts[b],
-            reward=float(rewards[b]) if rewards else None,
+            reward=float(rewards[b]) if rewards else None, advantage=float(adv[b]) if adv is not None else None,
             offsets=tc.offsets[b, :k].tolist() if tc.combine in ("add", "replace") else None,
         ))
     return out

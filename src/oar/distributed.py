@@ -257,7 +257,7 @@ def group_token_credit(credit: ResolvedCredit, batch: CreditBatch, active: torch
         prompt_ids=gather(batch.prompt_ids, left=True), prompt_mask=gather(batch.prompt_mask, left=True),
         completion_ids=gather(batch.completion_ids), completion_mask=gather(batch.completion_mask),
         advantages=gather(batch.advantages), rewards=gather(batch.rewards), group=gather(batch.group),
-        model=batch.model,
+        model=batch.model, tokenizer=batch.tokenizer,
     )
     whole = token_credit(credit, full, active=every, **kwargs)
     return whole.rows(mine, batch.completion_ids.shape[1])

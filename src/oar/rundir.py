@@ -8,20 +8,49 @@
     RUN_DIR/checkpoint-N/      TRL checkpoints, renamed into place when complete (:mod:`oar.checkpoints`)
 
 :class:`oar.rundir_callback.RunDirCallback` writes ``run.json`` and ``metrics.jsonl`` from any ``transformers``
-Trainer; :class:`RunDir` reads a run directory (``oar compare``'s resume and results, ``oar report``'s plots).
-Imports no torch.
+Trainer; :class:`RunDir` reads a run directory (``oar compare``'s resume and results, ``oar report``'s plots);
+:func:`run_dir_name` names the run directories of a comparison. Imports no torch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from oar.files import read_jsonl
 
 RUN_JSON, METRICS_JSONL, SUMMARY_JSON = "run.json", "metrics.jsonl", "summary.json"
+# at most this many bytes (UTF-8) in a run directory's name: half of NAME_MAX (255 on ext4, xfs, btrfs, APFS,
+# tmpfs), leaving room for the names derived from it (``.replaced-NAME`` by oar.files.replace_dir, ``.NAME.XXXXXXXX``
+# temporary files of oar.files.atomic_write)
+MAX_NAME_BYTES = 128
+# characters a run directory's name never holds as they are: path separators, NUL and other control characters,
+# and "~", which marks a shortened name (so a plain name never equals a shortened one)
+_UNSAFE = re.compile(r"[/\\~\x00-\x1f\x7f]")
+
+
+def run_dir_name(column: str, seed: int | str) -> str:
+    """The directory name of one (credit column, seed) run of ``oar compare``: ``COLUMN-sSEED``
+    (``oar-g@beta=2-s0``) when that has at most :data:`MAX_NAME_BYTES` bytes, does not start with a dot and holds
+    no path separator, control character or ``~``; else ``PREFIX~HASH-sSEED``, PREFIX the column's start with
+    such characters replaced by ``_`` and cut to fit, HASH the first 16 hex digits of the column's SHA-256.
+
+    Deterministic; distinct (column, seed) pairs get distinct names (a plain name has no ``~``; two shortened
+    names differ in their hash, 64 bits). The whole column is in the run's ``run.json``."""
+    suffix = f"-s{seed}"
+    plain = column + suffix
+    size = len(plain.encode("utf-8", "surrogateescape"))  # an undecodable argv byte counts as one byte
+    if size <= MAX_NAME_BYTES and not plain.startswith(".") and not _UNSAFE.search(plain):
+        return plain
+    digest = hashlib.sha256(column.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    room = MAX_NAME_BYTES - len(f"~{digest}{suffix}".encode())
+    prefix = _UNSAFE.sub("_", column).lstrip(".")
+    prefix = prefix.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")  # no half character
+    return f"{prefix}~{digest}{suffix}"
 
 
 class RunDir:

@@ -21,6 +21,11 @@ def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> None:
     atomic_write(path, json.dumps(data, indent=2, default=str))
 
 
+def _drawn_from(record: dict[str, Any], step: int) -> bool:
+    """Whether an attribution dump was drawn at global step ``step`` or later."""
+    return isinstance(record.get("step"), int) and record["step"] >= step
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -32,7 +37,8 @@ class RunDirCallback(TrainerCallback):
 
     ``run_info``: what identifies the run (credit, seed, model, ...); stored in ``run.json`` with the full
     config, plus a ``summary`` (TRL's final train metrics) when training ends. On resume, records past the
-    checkpoint's step are dropped and ``wall_time`` continues from the last kept record.
+    checkpoint's step are dropped (``metrics.jsonl``: logged after step N; ``attributions.jsonl``: drawn at step
+    N or later, which the resumed run draws again) and ``wall_time`` continues from the last kept record.
     """
 
     def __init__(self, run_info: dict[str, Any] | None = None) -> None:
@@ -52,6 +58,10 @@ class RunDirCallback(TrainerCallback):
             kept = [r for r in read_jsonl(metrics) if r.get("step", 0) <= state.global_step]
             offset = max((r.get("wall_time", 0.0) for r in kept), default=0.0)
             atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
+        dumps = run_json.parent / "attributions.jsonl"
+        if dumps.is_file():  # a dump's step is the global step its rollout batch was drawn at: the run draws again
+            kept = [r for r in read_jsonl(dumps) if not _drawn_from(r, state.global_step)]
+            atomic_write(dumps, "".join(json.dumps(r) + "\n" for r in kept))
         self._t0 = time.time() - offset
         info = {"credit": getattr(args, "credit", "grpo"), "seed": args.seed, **self.run_info}
         info["config"] = args.to_dict()

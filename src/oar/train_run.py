@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from oar.checkpoints import checkpoint_step, last_checkpoint, save_final_model
+from oar.checkpoints import checkpoint_dirs, checkpoint_step, resume_checkpoint, save_final_model
 from oar.config_file import check_config_file
 from oar.files import check_writable_dir
 from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template
@@ -183,18 +183,21 @@ def run_training(script_args: TrainArguments, config: OARConfig, reward_funcs=No
     """Train (or resume), save the final model into ``output_dir`` and return a summary of the run.
 
     Without ``resume`` an ``output_dir`` that already holds a run is refused (ValueError); with it, training
-    continues from the last complete checkpoint (or starts fresh when there is none), provided the settings
-    that shape training are the stored ones (:func:`check_resume`). A checkpoint already at ``max_steps`` (a
-    kill during the final save) is not trained further: its model is saved as the final one.
+    continues from the newest intact checkpoint (:func:`oar.checkpoints.resume_checkpoint`: a damaged newer one is
+    named on stderr and passed over; none intact is a ValueError), or starts fresh when there is none, provided
+    the settings that shape training are the stored ones (:func:`check_resume`). A checkpoint already at
+    ``max_steps`` (a kill during the final save) is not trained further: its model is saved as the final one.
     """
     out = Path(config.output_dir)
     check_writable_dir(out)
-    checkpoint = last_checkpoint(out) if script_args.resume else None
     if not script_args.resume and RunDir(out).is_run():
         raise ValueError(f"output_dir {str(out)!r} already holds a run; pass --resume to continue it "
                          "or choose another --output_dir")
+    checkpoint = None
     if script_args.resume:
         check_resume(out, script_args, config)
+        # the newest intact checkpoint; newer damaged ones are named on stderr, none intact is a ValueError
+        checkpoint = resume_checkpoint(out, needs_training_state=not config.save_only_model)
     done = checkpoint is not None and config.max_steps > 0 and checkpoint_step(checkpoint) >= config.max_steps
     if done and checkpoint_step(checkpoint) > config.max_steps:
         raise ValueError(f"{checkpoint} is past max_steps={config.max_steps}; resume with --max_steps >= "
@@ -229,15 +232,23 @@ def _train_args(script_args: TrainArguments) -> dict[str, Any]:
 
 def check_resume(out: Path, script_args: TrainArguments, config: OARConfig) -> None:
     """ValueError naming every setting that differs from the run stored in ``out/run.json`` (model, dataset,
-    data options and every ``OARConfig`` field outside :data:`RESUMABLE_FIELDS`), before anything loads."""
+    data options and every ``OARConfig`` field outside :data:`RESUMABLE_FIELDS`), before anything loads; and
+    naming ``run.json`` when ``out`` holds checkpoints but no ``run.json`` with the stored config (their settings
+    cannot be checked)."""
     path = RunDir(out).run_json
-    if not path.is_file():
+    stored = None
+    if path.is_file():
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read {path} to check the resumed settings: {err}") from err
+    if not (isinstance(stored, dict) and isinstance(stored.get("config"), dict)):
+        if checkpoint_dirs(out):  # nothing to check them against
+            why = "holds no stored config" if path.is_file() else "is missing"
+            raise ValueError(f"--resume: {path} {why}, so the settings of the checkpoints in {str(out)!r} cannot be "
+                             "checked; resume only a run oar train wrote, or choose another --output_dir")
         return
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read {path} to check the resumed settings: {err}") from err
-    old = stored.get("config", {})
+    old = stored["config"]
     new = json.loads(json.dumps(config.to_dict(), default=str))
     credit_keys = {"credit", "credit_options", *DEPRECATED_OPTION_FIELDS}  # one value, compared resolved below
     diffs = [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old)

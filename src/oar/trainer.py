@@ -30,7 +30,7 @@ from oar.credit import CreditBatch, CreditSpec, ResolvedCredit, TokenCredit, get
 from oar.credit.metrics import gather_totals, metric_totals, metrics_from_totals
 from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, group_token_credit, sharding_of
 from oar.probe import ANSWER_SOURCES, DEFAULT_CONCLUDE
-from oar.ranges import check_range
+from oar.ranges import check_finite_fields, check_range
 from oar.trl_rollout import RolloutRewards
 
 # deprecated OARConfig fields, each an alias of one credit option (write NAME@OPTION=VALUE into `credit` instead)
@@ -141,6 +141,7 @@ class OARConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        check_finite_fields(self)  # before transformers' own checks, which crash on inf (int(inf) steps)
         super().__post_init__()
         spec = self._merged_credit()
         self.resolved_credit: ResolvedCredit = spec.resolve()

@@ -43,10 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oar.credit import import_modules
+    from oar.cli.parser import import_user_modules
     from oar.viz.records import collect_records
 
-    import_modules(args.modules)
+    import_user_modules("oar attribute", args.modules)
     if args.prompt is not None and args.from_jsonl is not None:
         raise ValueError("give either --prompt/--completion or --from-jsonl, not both")
     if args.prompt is None and args.from_jsonl is None:

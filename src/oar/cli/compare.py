@@ -57,10 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from oar.cli.parser import import_user_modules
     from oar.lab.compare import RunsFailed, base_config, compare, get_preset
     from oar.lab.ray_pool import RayOptions
     from oar.lab.summary import print_summary
 
+    import_user_modules("oar compare", args.modules)
     credits = tuple(c.strip() for c in args.credits.split(",") if c.strip()) if args.credits else None
     if args.credits is not None and not credits:
         raise ValueError(f"--credits is empty: {args.credits!r}")

@@ -39,9 +39,43 @@ def one_line_errors() -> Iterator[None]:
 
 def add_import_option(parser: argparse.ArgumentParser) -> None:
     """``--import MODULE`` (repeatable, into ``args.modules``): modules imported before the command runs, so
-    the credit methods they register are known (:func:`oar.credit.import_modules`)."""
+    the credit methods they register are known (:func:`import_user_modules`)."""
     parser.add_argument("--import", dest="modules", action="append", metavar="MODULE", default=[],
                         help="import this module first (it registers its own credit methods); repeatable")
 
 
-__all__ = ["OneLineParser", "add_import_option", "one_line_error", "one_line_errors"]
+def module_name(value: str) -> str:
+    """``value`` if it is an absolute, dotted module name (``mypkg.credits``); else ValueError naming it: a
+    relative name (``.credits``) or a file path cannot be imported by name."""
+    if not all(part.isidentifier() for part in value.split(".")):
+        raise ValueError(f"--import needs a module name such as mypkg.credits (no relative name or file path), "
+                         f"got {value!r}")
+    return value
+
+
+def import_user_modules(prog: str, modules: list[str]) -> None:
+    """Import the ``--import`` modules, in order (what :func:`oar.credit.import_modules` does for the Python API).
+
+    A module that does not exist: ValueError naming it (the one ``PROG: error:`` line). A module whose own code
+    raises (a missing dependency included): ``PROG: error: --import 'M' failed ...`` on stderr, then its traceback,
+    which says where in the user's code, and exit status 1."""
+    import importlib
+    import sys
+    import traceback
+
+    for module in modules:
+        module_name(module)
+        try:
+            importlib.import_module(module)
+        except Exception as err:
+            missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+            if missing is not None and f"{module}.".startswith(f"{missing}."):  # the module or a parent package
+                raise ValueError(f"--import {module!r}: no module named {missing!r}; is it on PYTHONPATH?") from None
+            print(f"{prog}: error: --import {module!r} failed: importing it raised {type(err).__name__} "
+                  "(its traceback follows)", file=sys.stderr)
+            traceback.print_exc()
+            raise SystemExit(1) from None
+
+
+__all__ = ["OneLineParser", "add_import_option", "import_user_modules", "module_name", "one_line_error",
+           "one_line_errors"]

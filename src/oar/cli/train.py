@@ -43,15 +43,14 @@ def split_oar_options(argv: list[str]) -> tuple[list[str], bool, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oar.cli.parser import one_line_errors
-    from oar.credit import import_modules
+    from oar.cli.parser import import_user_modules, one_line_errors
     from oar.quiet import quiet_libraries
     from oar.train_run import parse_train_args, run_training
 
     argv, verbose, modules = split_oar_options(args.argv)
     import oar.lab  # noqa: F401  (every credit `oar credits` lists is known, so a lab-only one is named as such)
 
-    import_modules(modules)  # before OARConfig checks the credit name
+    import_user_modules("oar train", modules)  # before OARConfig checks the credit name
     # TRL's parser, built in oar.train_run, reports a bad option in one line too; building the config raises
     # transformers' deprecation warnings, which quiet_libraries drops
     with quiet_libraries(verbose), one_line_errors():

@@ -29,7 +29,7 @@ _EXPORTS: dict[str, str] = {
     "shuffle_within_rows": "oar.credit.controls",
     "COMBINES": "oar.credit.registry", "INVERTS": "oar.credit.registry", "CreditMethod": "oar.credit.registry",
     "bilevel_effect": "oar.credit.registry", "credit_names": "oar.credit.registry",
-    "credit_table": "oar.credit.registry", "get_credit": "oar.credit.registry",
+    "credit_table": "oar.credit.registry", "get_credit": "oar.credit.registry", "rule_table": "oar.credit.registry",
     "import_modules": "oar.credit.registry", "register_credit": "oar.credit.registry",
     "unregister_credit": "oar.credit.registry",
     "credit_effect": "oar.credit.run", "token_credit": "oar.credit.run",

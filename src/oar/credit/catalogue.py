@@ -4,13 +4,14 @@
 1. plain GRPO and OAR (arXiv 2601.07408): ``grpo``, ``oar-g``, ``oar-p``; our extensions ``oar-pg``, ``oar-prefix``;
 2. baselines on OAR's probe and reshaping: ``entropy``, ``random``;
 3. peer methods, each from its paper (:mod:`oar.credit.peers`): ``entropy-mask``, ``gtpo``, ``ktae``, ``cf-span``,
-   ``vine``, ``vine-w``.
+   ``vine``, ``vine-w``, ``sc-grpo``, ``grail``.
 
 The score and effect functions live with their method (:mod:`oar.importance`, :mod:`oar.credit.peers`); this
 module only states what each needs, costs and cites, and declares each option once, typed, with its range or
 choices (:class:`oar.credit.options.Option`; the τ/β/floor defaults and ranges are :mod:`oar.reshape`'s), and
 each rule between options (``check=``) and capability (``needs_*``, ``acts``) with the method. Options several
-methods share are one :class:`oar.credit.options.OptionGroup` (``BILEVEL``), attached with ``groups=``.
+methods share are one :class:`oar.credit.options.OptionGroup`, attached with ``groups=``: ``BILEVEL``, the
+reshaping of every importance credit (its ``rule``, :data:`oar.reshape.RULES`, and each rule's parameters).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from oar.credit.batch import CreditBatch
 from oar.credit.options import Option, OptionCheck, OptionGroup
 from oar.credit.peers.cf_span import cf_span_scores, cf_span_weights
 from oar.credit.peers.entropy_mask import entropy_mask_scores, high_entropy_mask
+from oar.credit.peers.grail import GRAIL_PAPER, SYMMETRIES, grail_scores
 from oar.credit.peers.gtpo import NORMS, gtpo_effect, gtpo_scores
 from oar.credit.peers.ktae import ktae_scores
+from oar.credit.peers.sc_grpo import SC_GRPO_PAPER, sc_grpo_scores, sc_grpo_weights
 from oar.credit.peers.vine import PASSES as VINE_PASSES
 from oar.credit.peers.vine import SEPARATOR as VINE_SEPARATOR
 from oar.credit.peers.vine import VINE_PAPER, replace_effect, vine_scores, weight_effect
@@ -30,14 +33,51 @@ from oar.credit.registry import bilevel_effect, register_credit
 from oar.importance import entropy_scores, gradient_scores, perturbation_scores, random_scores
 from oar.importance._common import MODES
 from oar.importance.guided import CALIBRATIONS, guided_perturbation_scores
-from oar.importance.prefix import SEPARATOR, prefix_scores
-from oar.reshape import BETA, BETA_RANGE, FLOOR, FLOOR_RANGE, TAU, TAU_RANGE
+from oar.importance.prefix import prefix_scores
+from oar.reshape import (
+    BETA,
+    BETA_RANGE,
+    FLOOR,
+    FLOOR_RANGE,
+    RULES,
+    SIGN_EPS,
+    SIGN_EPS_RANGE,
+    SIGN_ETA,
+    SIGN_ETA_RANGE,
+    SIGN_TAU,
+    SIGN_TAU_RANGE,
+    TAU,
+    TAU_RANGE,
+)
+from oar.steps import SEPARATOR
 
 OAR_PAPER = "Outcome-Grounded Advantage Reshaping, arXiv 2601.07408"
 
-# OAR's Bi-Level reshaping (OAR_SPEC §4), shared by every method whose effect is bilevel_effect
-BILEVEL = OptionGroup("bilevel", {"tau": Option(TAU, float, TAU_RANGE), "beta": Option(BETA, float, BETA_RANGE),
-                                  "floor": Option(FLOOR, float, FLOOR_RANGE)})
+# the parameters only some rules read (a value other than the default with another rule is refused)
+_RULE_PARAMETERS = {"tau": ("bilevel", "step"), "beta": ("bilevel", "step"), "floor": ("bilevel", "step"),
+                    "sign_tau": ("sign",), "sign_eta": ("sign",), "sign_eps": ("sign",)}
+
+
+def _rule_check(options: dict) -> None:
+    """A rule's own parameter set away from its default under another rule does nothing: refused, named."""
+    for key, rules in _RULE_PARAMETERS.items():
+        if options[key] != BILEVEL[key].default and options["rule"] not in rules:
+            raise ValueError(f"{key} is an option of rule {' / '.join(map(repr, rules))}, not of rule "
+                             f"{options['rule']!r}, got {key}={options[key]!r}")
+
+
+# The reshaping of every importance credit (bilevel_effect): the rule that turns importance into weights (default
+# OAR's Bi-Level, OAR_SPEC §4; oar.reshape.RULES), each rule's parameters, and the step boundaries the step and
+# process rules group by (oar-prefix scores across the same steps). One group: an option added here reaches every
+# importance credit.
+BILEVEL = OptionGroup("bilevel", {
+    "rule": Option("bilevel", str, choices=tuple(RULES)),
+    "tau": Option(TAU, float, TAU_RANGE), "beta": Option(BETA, float, BETA_RANGE),
+    "floor": Option(FLOOR, float, FLOOR_RANGE),
+    "sign_tau": Option(SIGN_TAU, float, SIGN_TAU_RANGE), "sign_eta": Option(SIGN_ETA, float, SIGN_ETA_RANGE),
+    "sign_eps": Option(SIGN_EPS, float, SIGN_EPS_RANGE),
+    "separator": Option(SEPARATOR, str, regex=True), "boundary_ids": Option(None, None),
+}, check=_rule_check)
 
 
 def _mode(default: str) -> Option:
@@ -126,8 +166,7 @@ register_credit(
     paper=f"extension of this project on {OAR_PAPER}: the answer read after each step's prefix",
     summary="|change of the answer's log-probability across the token's step| with the probe cut after each step, "
             "Bi-Level weights",
-    options={"separator": Option(SEPARATOR, str, regex=True), "boundary_ids": Option(None, None),
-             "chunk_size": Option(64, int, ">= 1")},
+    options={"chunk_size": Option(64, int, ">= 1")},  # its separator / boundary_ids: the group's step boundaries
     effect=bilevel_effect, groups=(BILEVEL,),
 )(prefix_scores)
 
@@ -207,3 +246,34 @@ register_credit(
     summary="GRPO's advantage spread over the steps: weight ∝ max(sign(A)·ΔV, 0) + eps, mean 1 over the completion",
     effect=weight_effect, options={"eps": Option(0.05, float, "> 0")}, groups=(VINE,), invert="negate",
 )(vine_scores)
+
+
+def _grail_bounds(options: dict) -> None:
+    """GRAIL's clip interval must not be empty."""
+    if options["w_min"] > options["w_max"]:
+        raise ValueError(f"w_min must be <= w_max, got w_min={options['w_min']} w_max={options['w_max']}")
+
+
+register_credit(
+    "sc-grpo", combine="multiply", needs_policy=True, needs_probe=False, needs_group=True,
+    passes="per scorer batch: 2 forwards (no grad) of the completion, after its prompt and after prompt ⊕ a verified "
+           "solution of its group ⊕ prompt (the one teacher-forced pass of the self-teacher, and the policy's own)",
+    paper=SC_GRPO_PAPER,
+    summary="KL(policy ‖ policy conditioned on another verified completion of the group) at each token, divided by "
+            "its mean over the completion; rows whose group has no other verified completion uniform",
+    effect=sc_grpo_weights, options={"min_reward": Option(1.0, float), "temperature": TEMPERATURE},
+)(sc_grpo_scores)
+
+register_credit(
+    "grail", combine="multiply", needs_policy=True, needs_probe=False, needs_group=True,
+    passes="per scorer batch: 1 forward + 1 backward to the input embeddings of prompt ⊕ completion (rows with a "
+           "boxed answer)",
+    paper=GRAIL_PAPER,
+    summary="‖gradient ⊙ input‖ of the boxed answer's log-probability at the position predicting the token, "
+            "z-scored log per completion, mean + std·z clipped to [w_min, w_max]; the box's content w_max; rows "
+            "symmetry leaves out, and those without a box, 1",
+    effect=_identity_effect, check=_grail_bounds,
+    options={"std": Option(0.5, float, "> 0"), "mean": Option(1.0, float, ">= 0"),
+             "w_min": Option(0.5, float, ">= 0"), "w_max": Option(5.0, float, ">= 0"),
+             "symmetry": Option("wrong", str, choices=SYMMETRIES), "temperature": TEMPERATURE},
+)(grail_scores)

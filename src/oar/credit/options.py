@@ -9,7 +9,7 @@ import inspect
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oar.ranges import check_range
@@ -87,6 +87,15 @@ class OptionGroup(Mapping[str, Option]):
 
     def __len__(self) -> int:
         return len(self.options)
+
+    def with_defaults(self, **defaults: Any) -> OptionGroup:
+        """The same group (options, check) with other defaults for the options named (e.g. the lab's
+        ``oracle-process``: the reshaping group with ``rule="process"``); ValueError naming an option it lacks."""
+        unknown = sorted(set(defaults) - set(self.options))
+        if unknown:
+            raise ValueError(f"option group {self.name!r} has no option(s) {unknown}")
+        return OptionGroup(self.name, {k: replace(o, default=defaults[k]) if k in defaults else o
+                                       for k, o in self.options.items()}, self.check)
 
 
 # passed by token_credit to a score/effect whose signature names them

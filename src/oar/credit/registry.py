@@ -25,7 +25,8 @@ import torch
 
 from oar.credit.controls import CONTROLS, inverted_effect, shuffled_effect
 from oar.credit.options import CONTEXT, Option, OptionCheck, OptionGroup, as_option, parameter_names
-from oar.reshape import BETA, FLOOR, TAU, bilevel_weights
+from oar.reshape import BETA, FLOOR, RULES, SIGN_EPS, SIGN_ETA, SIGN_TAU, TAU, bilevel_weights, rule_weights
+from oar.steps import SEPARATOR, step_ends, step_ids
 
 COMBINES = ("multiply", "mask", "add", "replace")
 INVERTS = ("row", "batch", "negate")
@@ -250,7 +251,34 @@ def credit_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def bilevel_effect(scores: torch.Tensor, mask: torch.Tensor, tau: float = TAU, beta: float = BETA,
-                   floor: float = FLOOR) -> torch.Tensor:
-    """Bi-Level weights of each row's masked scores (OAR_SPEC §4; :func:`oar.reshape.bilevel_weights`)."""
-    return bilevel_weights(scores, mask, tau, beta, floor)
+def rule_table() -> str:
+    """The reshaping rules every importance credit takes as ``rule=`` (:data:`oar.reshape.RULES`), as a Markdown
+    table (``oar credits`` prints it under the methods; docs/credits.md holds it; a test keeps them equal)."""
+    lines = ["| rule | weights | advantage mass | its options | source |", "|---|---|---|---|---|"]
+    for name, r in RULES.items():
+        cells = [f"`{name}`", r.weights, r.mass, r.options, r.source]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bilevel_effect(scores: torch.Tensor, mask: torch.Tensor, rule: str = "bilevel", tau: float = TAU,
+                   beta: float = BETA, floor: float = FLOOR, sign_tau: float = SIGN_TAU, sign_eta: float = SIGN_ETA,
+                   sign_eps: float = SIGN_EPS, separator: str = SEPARATOR,
+                   boundary_ids: list[int] | tuple[int, ...] | None = None, batch: Any = None,
+                   probe: Any = None) -> torch.Tensor:
+    """The importance credits' effect: the weights of ``rule`` on each row's masked scores (default OAR's Bi-Level,
+    OAR_SPEC §4; :func:`oar.reshape.rule_weights`). ``sign`` and ``process`` read the sign of
+    ``batch.advantages``; ``step`` and ``process`` group the tokens into steps (:mod:`oar.steps`: ``boundary_ids``,
+    or ``separator`` resolved by ``batch.tokenizer`` or the probe's tokenizer)."""
+    if rule == "bilevel":  # OAR_SPEC §4 as it always was: reads nothing but the scores
+        return bilevel_weights(scores, mask, tau, beta, floor)
+    steps = None
+    if rule in ("step", "process"):
+        if batch is None:
+            raise ValueError(f"rule {rule!r} needs the completions (a CreditBatch) to find the steps")
+        tokenizer = batch.tokenizer if batch.tokenizer is not None else getattr(probe, "tokenizer", None)
+        ends = step_ends(separator, boundary_ids, tokenizer, scores.device)
+        steps = step_ids(batch.completion_ids.to(scores.device), mask, ends)
+    advantages = None if batch is None or batch.advantages is None else batch.advantages.to(scores.device)
+    return rule_weights(rule, scores, mask, advantages=advantages, steps=steps, tau=tau, beta=beta, floor=floor,
+                        sign_tau=sign_tau, sign_eta=sign_eta, sign_eps=sign_eps)

@@ -88,22 +88,23 @@ def token_credit(
                          answer, flags)
     elif rows.numel():
         s = _call(m.score, batch, options=opts, generator=generator, active=active,
-                  batch_size=batch_size).float()
+                  batch_size=batch_size, probe=probe).float()
         mask = active[:, None] & cmask
         scores = torch.where(mask, s, torch.zeros_like(s))
     flags["nonfinite"] = torch.where(mask, ~torch.isfinite(scores), False).any(dim=1)
-    weights, offsets = credit_effect(m, scores, mask, options=opts, generator=generator, batch=batch)
+    weights, offsets = credit_effect(m, scores, mask, options=opts, generator=generator, batch=batch, probe=probe)
     flags["uniform"] = active & (((weights == 1) & (offsets == 0)) | ~mask).all(dim=1)
     return TokenCredit(m.name, m.combine, weights, offsets, scores, mask, answer, flags)
 
 
 def credit_effect(m: CreditMethod, scores: torch.Tensor, mask: torch.Tensor, *, options: Mapping[str, Any],
-                  generator: torch.Generator | None = None,
-                  batch: CreditBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  generator: torch.Generator | None = None, batch: CreditBatch | None = None,
+                  probe: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The method's effect on ``scores [B, T]`` over the masked tokens of the whole batch, as ``(weights,
     offsets)`` ``[B, T]`` float32 (weights 1 and offsets 0 off ``mask``); ``A[:, None] · weights + offsets`` are
-    the token advantages. ``options`` are the method's checked options (``m.check_options``)."""
-    effect = _call(m.effect, scores, mask, options=options, generator=generator, batch=batch).float()
+    the token advantages. ``options`` are the method's checked options (``m.check_options``); ``batch`` (its
+    advantages, completions, tokenizer) and ``probe`` reach an effect that names them."""
+    effect = _call(m.effect, scores, mask, options=options, generator=generator, batch=batch, probe=probe).float()
     if m.combine in ("add", "replace"):
         offsets = torch.where(mask, effect, torch.zeros_like(effect))
         one = 0.0 if m.combine == "replace" else 1.0

@@ -9,7 +9,8 @@ reasoning; the last ``φ`` is the full probe's). Every token of step ``k`` score
 Bi-Level reshaping turns the scores into weights as for ``oar-g``.
 
 A step ends at a reasoning token whose text matches ``separator`` (the lab's ``;``, a newline for real math); the
-boundary ids come from the probe's tokenizer (:func:`separator_ids`) or are given. Exact and batched: one clean pass
+boundary ids come from the probe's tokenizer or are given (:mod:`oar.steps`, the one home of the step boundaries,
+which the ``step`` and ``process`` reshaping rules read too). Exact and batched: one clean pass
 over the probes keeps their key/value cache; then every (row, boundary) copy runs only the row's tail (conclude text
 and answer, a handful of tokens) on that cache with the columns after its boundary masked out, ``chunk_size`` copies
 per forward, the LM head only at the answer-predicting positions. Exact for full-attention models (a sliding window
@@ -18,42 +19,10 @@ would count the masked columns).
 
 from __future__ import annotations
 
-import re
-from functools import lru_cache
-
 import torch
 
 from oar.importance._common import check_inputs, outcome, readout_positions, scoring_mode
-
-SEPARATOR = r"\n|;"  # a reasoning token whose text matches ends a step (newlines, the lab's "; ")
-
-
-@lru_cache(maxsize=16)
-def _vocab_matches(tokenizer, pattern: str) -> tuple[int, ...]:
-    rx = re.compile(pattern)
-    vocab = tokenizer.get_vocab()
-    return tuple(sorted(i for i in vocab.values() if rx.search(tokenizer.decode([i]))))
-
-
-def separator_ids(tokenizer, separator: str = SEPARATOR) -> tuple[int, ...]:
-    """The ids of every vocabulary token whose decoded text matches the regex ``separator`` (cached per tokenizer
-    and pattern); ValueError when none does."""
-    try:
-        re.compile(separator)
-    except re.error as err:
-        raise ValueError(f"separator {separator!r} is not a regular expression: {err}") from None
-    ids = _vocab_matches(tokenizer, separator)
-    if not ids:
-        raise ValueError(f"no token of the tokenizer matches separator {separator!r}")
-    return ids
-
-
-def step_ids(input_ids: torch.Tensor, reasoning_mask: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """``[B, L]`` long: the step of every reasoning token (0, 1, ...; a step ends at a token in ``ends`` [n]),
-    -1 elsewhere."""
-    is_end = reasoning_mask & torch.isin(input_ids, ends)
-    before = is_end.long().cumsum(dim=1) - is_end.long()  # step ends strictly before each position
-    return torch.where(reasoning_mask, before, -1)
+from oar.steps import SEPARATOR, separator_ids, step_ids
 
 
 def prefix_scores(

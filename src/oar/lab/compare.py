@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from oar.credit import CreditSpec, import_modules
-from oar.files import atomic_write
+from oar.files import atomic_write, check_writable_dir
 from oar.lab.lm import LABS, LM_PROTOCOL, LM_QUICK, LM_QUICK_WARM_STEPS, LM_RECIPE, LMWarmStartConfig, lm_warm_start
 from oar.lab.pool import Job, run_local
 from oar.lab.ray_pool import RayOptions
@@ -28,7 +28,7 @@ from oar.lab.task import TaskConfig, recorded_task
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.progress import RunTable
 from oar.quiet import quiet_libraries
-from oar.rundir import RunDir
+from oar.rundir import RunDir, run_dir_name
 
 WARM_START_ROW, REPORT_ROW = "warm start (SFT)", "results and report"
 DEFAULT_WORKERS = 2  # the local pool: one run per core of a 2-core machine
@@ -89,6 +89,28 @@ def _finite(obj):
     return obj
 
 
+# seeds per credit at most: each seed is one run of budget_s training seconds per credit (the study runs 6; 1000
+# runs of the quick preset's 30 s are 8.3 hours per credit and worker), and the seeds' run names are built up front
+MAX_SEEDS = 1000
+# what a comparison writes into its output directory next to the run directories
+RESULT_FILES, RESULT_DIRS = ("results.json", "results.md", "report.md"), ("figures", "plots")
+
+
+def check_out_dir(out_dir: str | Path, run_names: list[str]) -> Path:
+    """``out_dir`` created and writable, no file where a run directory (``run_names``) or a results directory
+    goes, no directory where a results file goes; ValueError naming the first such path, before any work."""
+    out = check_writable_dir(out_dir)
+    for name in (*run_names, *RESULT_DIRS):
+        if (out / name).exists() and not (out / name).is_dir():
+            raise ValueError(f"{str(out / name)!r} is a file, where oar compare writes a directory; move it away "
+                             "or choose another --out")
+    for name in RESULT_FILES:
+        if (out / name).is_dir():
+            raise ValueError(f"{str(out / name)!r} is a directory, where oar compare writes its {name}; move it "
+                             "away or choose another --out")
+    return out
+
+
 def finished_run(run_dir: str | Path, cfg: RunConfig) -> bool:
     """Whether ``run_dir`` holds a completed lab run trained with exactly ``cfg``, proven by its own
     ``metrics.jsonl``: the last record is the held-out evaluation taken when training stopped (``budget_s``
@@ -100,11 +122,20 @@ def finished_run(run_dir: str | Path, cfg: RunConfig) -> bool:
     except (OSError, ValueError):
         return False
     if _lab_key(meta.get("lab")) != _lab_key(json.loads(json.dumps(asdict(cfg)))) \
-            or meta.get("credit_defaults") != credit_defaults(cfg) or not rows or "eval/accuracy" not in rows[-1]:
+            or not _same_defaults(meta.get("credit_defaults"), credit_defaults(cfg)) or not rows \
+            or "eval/accuracy" not in rows[-1]:
         return False
     last = rows[-1]
     stopped = last.get("wall_time", 0.0) >= cfg.budget_s or last.get("step", 0) >= cfg.max_steps
     return stopped and isinstance(summary, dict) and summary.get("final") == last
+
+
+def _same_defaults(recorded: dict | None, current: dict) -> bool:
+    """Whether a run's recorded credit option defaults are today's. An option registered after the run (absent from
+    its record, e.g. the importance credits' ``rule`` and its parameters) counts as at its default: a new option's
+    default is the behaviour before it (docs/credits.md)."""
+    return isinstance(recorded, dict) and set(recorded) <= set(current) \
+        and all(current[k] == v for k, v in recorded.items())
 
 
 def _lab_key(lab: dict | None) -> dict | None:
@@ -191,7 +222,7 @@ def base_config(preset: ComparePreset, regime: str | None = None, overrides: Map
 
 def run_name(column: str, warm_seed: int, seed: int) -> str:
     """The run directory of ``column``'s run from warm start ``warm_seed`` with RL seed ``seed``."""
-    return f"{column}-s{seed}" if warm_seed == 0 else f"{column}-w{warm_seed}-s{seed}"
+    return run_dir_name(column if warm_seed == 0 else f"{column}-w{warm_seed}", seed)
 
 
 def run_config(base: RunConfig, column: str, seed: int) -> RunConfig:
@@ -231,16 +262,17 @@ def compare(
     keys = list(specs)
     if not keys:
         raise ValueError("no credit columns to compare")
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
-    if warm_seeds < 1:
-        raise ValueError(f"warm_seeds must be >= 1, got {warm_seeds}")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(f"seeds must be between 1 and {MAX_SEEDS}, got {seeds}")
+    if not 1 <= warm_seeds <= MAX_SEEDS:
+        raise ValueError(f"warm_seeds must be between 1 and {MAX_SEEDS}, got {warm_seeds}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if ray is not None:
         ray.check()
-    out = Path(out).resolve()  # absolute: the same path in run.json on every backend and node
-    out.mkdir(parents=True, exist_ok=True)
+    # absolute: the same path in run.json on every backend and node; every path it writes checked before any work
+    out = check_out_dir(Path(out).resolve(), [run_name(c, w, seed) for w in range(warm_seeds) for seed in range(seeds)
+                                                for c in keys])
     from rich.live import Live
 
     reference = next((c for c, spec in specs.items() if not spec.resolve().method.acts), keys[0])  # plain GRPO
@@ -315,13 +347,17 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers, "backend": "ray" if ray else "local",
                     "errors": {name: errs for name, errs in errors.items() if errs}})
-    atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
     table = format_results_table(results)
-    atomic_write(out / "results.md", table)
-    if report:
-        from oar.viz.report import write_report
+    try:
+        atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
+        atomic_write(out / "results.md", table)
+        if report:
+            from oar.viz.report import write_report
 
-        write_report([str(d) for d in dirs.values()], out, results_md=table)
+            write_report([str(d) for d in dirs.values()], out, results_md=table)
+    except OSError as err:  # the runs are kept: --resume summarizes them without training again
+        raise ValueError(f"cannot write the results into {str(out)!r} ({err.strerror or err}: "
+                         f"{err.filename or ''}); the runs are kept, rerun with --resume once it is writable") from err
     view.update(REPORT_ROW, status="done")
     if failed:
         raise RunsFailed(failed, results, out)

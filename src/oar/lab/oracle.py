@@ -7,11 +7,12 @@ under the same trainer, combine modes and controls as any other credit (docs/lab
 
 - ``oracle-blame``: a failed completion (``A < 0``) with a wrong written step puts ``floor`` on its correct prefix
   and the rest of the mass (masked mean 1) on the first wrong step and everything after it; other rows uniform.
-- ``oracle-process``: the process-supervision form: weight 0 on the correct prefix, 1 from the first wrong step on
-  (mass not preserved); other rows uniform.
-- ``oracle-oar``: OAR's own Bi-Level reshaping (OAR_SPEC §4, same probe, mask and defaults as ``oar-g``) of
-  perfect importance: 1 on the step digits of the reasoning, 0 elsewhere, on every scored row. It separates OAR's
-  reshaping rule from OAR's attribution.
+- ``oracle-process``: perfect *blame* importance (1 from a failed completion's first wrong step on, 0 elsewhere)
+  under the ``process`` rule (its default): weight 0 on the correct prefix, 1 from the first wrong step on (mass not
+  preserved); other rows uniform. ``rule=`` gives the same importance under any other rule.
+- ``oracle-oar``: perfect *pivotal* importance (1 on the step digits of the reasoning, 0 elsewhere, on every scored
+  row) under OAR's own Bi-Level reshaping (OAR_SPEC §4, same probe, mask and defaults as ``oar-g``; the ``rule``
+  default). It separates OAR's reshaping rule from OAR's attribution; ``rule=`` gives it under any other rule.
 
 Lab-only. The texts are read with the batch's tokenizer (``CreditBatch.tokenizer``, the probe's for
 ``oracle-oar``) and mapped back to tokens by each token's character span (:func:`oar.lab.lm.token_char_spans`;
@@ -105,6 +106,33 @@ def pivotal_scores(model: torch.nn.Module | None, input_ids: torch.Tensor, atten
     return scores
 
 
+def _lab_texts(effect):
+    """``effect`` reading the steps of a batch without a tokenizer (nor a probe's) as the character lab's texts,
+    as the oracles read them (one character per token); otherwise ``effect`` as it is."""
+    import dataclasses
+    import functools
+
+    @functools.wraps(effect)
+    def lab_effect(scores, mask, *args, batch=None, probe=None, **options):
+        if batch is not None and batch.tokenizer is None and getattr(probe, "tokenizer", None) is None:
+            batch = dataclasses.replace(batch, tokenizer=_char_tokenizer())
+        return effect(scores, mask, *args, batch=batch, probe=probe, **options)
+
+    return lab_effect
+
+
+_CHAR_TOKENIZER: list = []
+
+
+def _char_tokenizer():
+    """The character lab's tokenizer, built once (its separator ids are cached per tokenizer object)."""
+    if not _CHAR_TOKENIZER:
+        from oar.lab.tokenizer import build_char_tokenizer
+
+        _CHAR_TOKENIZER.append(build_char_tokenizer())
+    return _CHAR_TOKENIZER[0]
+
+
 register_credit(
     "oracle-blame", combine="multiply", needs_policy=False, needs_probe=False, lab_only=True,
     passes="0 (lab ground truth)",
@@ -116,15 +144,16 @@ register_credit(
 register_credit(
     "oracle-process", combine="multiply", needs_policy=False, needs_probe=False, lab_only=True,
     passes="0 (lab ground truth)",
-    paper=PROCESS_PAPER, effect=flagged_only,
-    summary="failed rows with a wrong written step: 0 on the correct prefix, 1 from the first wrong step on "
-            "(mass not preserved); other rows uniform",
+    paper=PROCESS_PAPER, effect=_lab_texts(bilevel_effect), groups=(BILEVEL.with_defaults(rule="process"),),
+    summary="perfect blame importance (1 from a failed row's first wrong written step on) under the process rule: "
+            "0 on the correct prefix, 1 from the first wrong step on (mass not preserved); other rows uniform",
 )(blame_scores)
 
 register_credit(
     "oracle-oar", combine="multiply", needs_policy=False, needs_probe=True, lab_only=True,
     passes="0 (lab ground truth)",
     paper=f"{ORACLE_PAPER}; OAR's Bi-Level reshaping (arXiv 2601.07408)",
-    summary="OAR's Bi-Level weights of perfect importance: 1 on the digits of written steps, 0 elsewhere",
-    effect=bilevel_effect, groups=(BILEVEL,),
+    summary="perfect pivotal importance (1 on the digits of written steps, 0 elsewhere) under the rule, "
+            "default OAR's Bi-Level weights",
+    effect=_lab_texts(bilevel_effect), groups=(BILEVEL,),
 )(pivotal_scores)

@@ -17,6 +17,7 @@ from oar.lab.lm import LMWarmStartConfig, chat_prompt, lm_warm_start
 from oar.lab.model import accuracy
 from oar.lab.task import BOXED, lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
+from oar.ranges import check_finite_fields
 from oar.rundir import RunDir
 from oar.rundir_callback import RunDirCallback
 
@@ -73,12 +74,13 @@ class RunConfig:
     oar: dict = field(default_factory=dict)  # extra OARConfig fields (oar_batch_size, oar_max_probe_length, ...)
 
     def __post_init__(self) -> None:
+        check_finite_fields(self)  # a NaN budget would never end a run; an infinite one only at max_steps
         from oar.credit import CreditSpec
 
         spec = CreditSpec.parse(self.credit)
         spec.resolve()  # ValueError naming an unknown credit, option or value, before any work
         object.__setattr__(self, "credit", str(spec))
-        if self.budget_s <= 0:
+        if not self.budget_s > 0:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {tuple(CLOCKS)}, got {self.clock!r}")

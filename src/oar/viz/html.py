@@ -123,7 +123,8 @@ def render_html(records: Sequence[AttributionRecord], title: str = "OAR token cr
             _legend(scale)]
     overall = _mean_correlations(groups) if len(groups) > 1 else []
     if overall:
-        body.append(_rho_table(overall, "mean rank correlation of raw scores over reasoning tokens, all examples"))
+        body.append(_rho_table(overall, "mean rank correlation of the applied credit (weights; token advantages "
+                                        "where a method adds to the advantage) over reasoning tokens, all examples"))
     for n, group in enumerate(groups, 1):
         first = group[0]
         meta = " · ".join(f"{k} {getattr(first, k):g}" for k in ("step", "reward", "advantage")
@@ -134,7 +135,7 @@ def render_html(records: Sequence[AttributionRecord], title: str = "OAR token cr
         if first.prompt:
             body.append(f'<details><summary>prompt</summary><pre class="prompt">{escape(first.prompt)}</pre></details>')
         if len(group) > 1:
-            body.append(_rho_table(correlations(group), "rank correlation over reasoning tokens"))
+            body.append(_rho_table(correlations(group), "rank correlation of the applied credit over reasoning tokens"))
         body.append(f'<div class="cols" style="grid-template-columns:repeat({len(group)},minmax(0,1fr))">')
         for r in group:
             body.append(f'<div class="col" data-credit="{escape(r.credit)}"><h3>{escape(r.credit)}</h3>'

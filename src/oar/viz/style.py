@@ -74,7 +74,8 @@ def describe(record: AttributionRecord) -> str:
 
 
 def correlations(group: Sequence[AttributionRecord]) -> list[tuple[str, str, float]]:
-    """Spearman correlation of every pair of credits in a group, over shared reasoning tokens."""
+    """Spearman correlation of the credit every pair of methods in a group applies, over shared reasoning tokens
+    (:func:`oar.attribution.record_correlation`)."""
     return [(a.credit, b.credit, record_correlation(a, b))
             for i, a in enumerate(group) for b in group[i + 1 :]]
 

@@ -58,4 +58,5 @@ def render_terminal(records: Sequence[AttributionRecord], console=None) -> None:
         table.add_row(*(record_text(r, scale) for r in group))
         console.print(table)
         for a, b, rho in correlations(group):
-            console.print(f"Spearman rho({a}, {b}) over reasoning tokens = {rho:+.3f}", highlight=False)
+            console.print(f"Spearman rho({a}, {b}) of the applied credit over reasoning tokens = {rho:+.3f}",
+                          highlight=False)

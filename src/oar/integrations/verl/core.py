@@ -6,7 +6,8 @@ Flow per step (verl v1 trainer): after the old log-probs, the driver marks the r
 (:func:`active_rows`); every actor rank scores its shard with the policy (:func:`score_shard`: full weights,
 scorer calls padded to the data-parallel max) and returns raw per-token scores; after GRPO's advantages, the
 driver applies the method's effect to the scores of the whole batch at once (:func:`fold_credit`: Bi-Level
-weights keep each completion's advantage mass; batch-level effects see the whole batch, never a micro-batch)
+weights keep each completion's advantage mass; batch-level effects see the whole batch, never a micro-batch; the
+``step`` and ``process`` rules read which response tokens end a step, marked by the actors, :func:`step_end_tokens`)
 and logs the metric schema of :mod:`oar.credit.metrics` (``METRIC_KEYS``: the same keys every step, and the
 same as TRL's trainer logs). A method that reads whole rollout groups (``gtpo``, ``ktae``) gets each row's
 group id and reward: the actor ranks gather their shards and score them together
@@ -28,6 +29,7 @@ from oar.credit.metrics import metric_totals, metrics_from_totals
 from oar.distributed import equal_scorer_calls, full_policy, group_token_credit
 from oar.probe import DEFAULT_CONCLUDE
 from oar.ranges import check_range
+from oar.steps import step_ends
 
 
 @dataclass(frozen=True)
@@ -127,9 +129,12 @@ def score_shard(
 
         probe = OutcomeProbe(tokenizer, conclude=cfg.conclude_text, max_length=cfg.max_probe_length)
     with full_policy(model) as policy, equal_scorer_calls(cfg.resolved, policy, group) as counted:
+        if "rule" in counted.options:  # the effect runs on the driver (fold_credit), where the advantages are; here
+            # the rule that reads nothing but the scores stands in (its weights are not returned)
+            counted = ResolvedCredit(counted.method, {**counted.options, "rule": "bilevel"})
         batch = CreditBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=response_ids,
                             completion_mask=response_mask, rewards=rewards, group=group_ids,
-                            model=policy if m.needs_policy else None)
+                            model=policy if m.needs_policy else None, tokenizer=tokenizer)
         kwargs = dict(probe=probe, batch_size=cfg.batch_size, generator=generator)
         if m.needs_group:
             credit = group_token_credit(counted, batch, active, group, **kwargs)
@@ -138,17 +143,30 @@ def score_shard(
     return credit.scores, credit.mask
 
 
+def step_end_tokens(cfg: OARVerlConfig, tokenizer: Any, response_ids: torch.Tensor,
+                    response_mask: torch.Tensor) -> torch.Tensor:
+    """Actor side: ``[b, T]`` bool, the response tokens that end a step (:mod:`oar.steps`: the credit's
+    ``boundary_ids``, or its ``separator`` resolved by the actor's tokenizer) when the credit's reshaping rule groups
+    by steps (``step``, ``process``); all False otherwise. The driver holds no tokenizer: it folds with these."""
+    options = cfg.resolved.options
+    if options.get("rule") not in ("step", "process"):
+        return torch.zeros(response_ids.shape, dtype=torch.bool, device=response_ids.device)
+    ends = step_ends(options["separator"], options["boundary_ids"], tokenizer, response_ids.device)
+    return response_mask.bool() & torch.isin(response_ids, ends)
+
+
 def fold_credit(
     cfg: OARVerlConfig, advantages: torch.Tensor, response_mask: torch.Tensor, scores: torch.Tensor,
     mask: torch.Tensor, active: torch.Tensor, generator: torch.Generator | None = None,
-    group_ids: torch.Tensor | None = None, rewards: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None, rewards: torch.Tensor | None = None, ends: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Driver side: token advantages ``[B, T]`` and the step's metrics (keys :data:`oar.credit.metrics.METRIC_KEYS`).
 
-    ``advantages``: GRPO's ``[B, T]`` (the sequence advantage on every response token); ``scores`` / ``mask``:
-    the actor's output for the whole batch; ``active``: ``[B]`` bool; ``group_ids`` / ``rewards`` (``[B]``):
-    required by a method that reads whole groups. The method's effect runs once over the whole batch; where it
-    does not act (``~mask``) the advantages are unchanged.
+    ``advantages``: GRPO's ``[B, T]`` (the sequence advantage on every response token; its sign is what the ``sign``
+    and ``process`` rules read); ``scores`` / ``mask``: the actor's output for the whole batch; ``active``: ``[B]``
+    bool; ``group_ids`` / ``rewards`` (``[B]``): required by a method that reads whole groups; ``ends``: ``[B, T]``
+    bool, the actors' :func:`step_end_tokens`, required by the ``step`` and ``process`` rules. The method's effect
+    runs once over the whole batch; where it does not act (``~mask``) the advantages are unchanged.
     """
     m, options = cfg.resolved
     if not (advantages.shape == response_mask.shape == scores.shape == mask.shape):
@@ -157,11 +175,19 @@ def fold_credit(
     if m.needs_group and (group_ids is None or rewards is None):
         raise ValueError(f"oar.credit={cfg.credit!r} reads whole rollout groups: pass group_ids and rewards")
     mask = mask.bool() & response_mask.bool() & active.bool()[:, None]
-    batch = None
-    if m.needs_group:  # what a group effect reads: the rollout groups and rewards (the tokens stay on the actors)
-        none = torch.zeros(advantages.shape[0], 0, dtype=torch.long, device=advantages.device)
-        batch = CreditBatch(prompt_ids=none, prompt_mask=none, completion_ids=torch.zeros_like(response_mask).long(),
-                            completion_mask=response_mask, rewards=rewards, group=group_ids)
+    # what an effect reads (the tokens stay on the actors): the sequence advantages, the groups and rewards, and for
+    # the step rules which tokens end a step (as ids 1, with boundary_ids (1,))
+    tokens = torch.zeros_like(response_mask).long()
+    if options.get("rule") in ("step", "process"):
+        if ends is None or ends.shape != response_mask.shape:
+            raise ValueError(f"oar.credit={cfg.credit!r}: rule {options['rule']!r} groups by steps: pass ends, the "
+                             "actors' step_end_tokens [B, T]")
+        tokens, options = ends.long().to(response_mask.device), {**options, "boundary_ids": (1,)}
+    rmask = response_mask.to(advantages.dtype)
+    sequence = (advantages * rmask).sum(dim=1) / rmask.sum(dim=1).clamp_min(1)
+    none = torch.zeros(advantages.shape[0], 0, dtype=torch.long, device=advantages.device)
+    batch = CreditBatch(prompt_ids=none, prompt_mask=none, completion_ids=tokens, completion_mask=response_mask,
+                        advantages=sequence, rewards=rewards, group=group_ids)
     weights, offsets = credit_effect(m, scores.float(), mask, options=options, generator=generator, batch=batch)
     folded = advantages * weights.to(advantages.dtype) + offsets.to(advantages.dtype)
     folded = folded * response_mask.to(advantages.dtype)

@@ -28,7 +28,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_to_nested
 
 from oar.credit.metrics import METRIC_KEYS
-from oar.integrations.verl.core import OARVerlConfig, active_rows, fold_credit, score_shard
+from oar.integrations.verl.core import OARVerlConfig, active_rows, fold_credit, score_shard, step_end_tokens
 
 TRAINER_NAME = "oar_sync"
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)
@@ -66,8 +66,10 @@ class OARActorRolloutRefWorker(ActorRolloutRefWorker):
                 response_ids.to(device), response_mask.to(device), active.to(device), generator,
                 group=engine.get_data_parallel_group(), group_ids=group_ids.to(device), rewards=rewards.to(device),
             )
+        ends = step_end_tokens(cfg, tokenizer, response_ids, response_mask)  # the step rules' steps, for the driver
         out = {"oar_scores": response_to_nested(scores.float().cpu(), data["response_mask"]),
-               "oar_mask": response_to_nested(mask.cpu(), data["response_mask"])}
+               "oar_mask": response_to_nested(mask.cpu(), data["response_mask"]),
+               "oar_ends": response_to_nested(ends.cpu(), data["response_mask"])}
         return TensorDict(out, batch_size=[prompt_ids.shape[0]])
 
 
@@ -107,15 +109,17 @@ class OARTrainerSync(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
-        fields = ["advantages", "response_mask", "oar_scores", "oar_mask", "oar_active", "oar_group", "oar_reward"]
+        fields = ["advantages", "response_mask", "oar_scores", "oar_mask", "oar_ends", "oar_active", "oar_group",
+                  "oar_reward"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         advantages, _ = padded(data["advantages"], 0.0)
         response_mask, _ = padded(data["response_mask"], 0)
         scores, _ = padded(data["oar_scores"], 0.0)
         mask, _ = padded(data["oar_mask"], 0)
+        ends, _ = padded(data["oar_ends"], 0)
         folded, oar_metrics = fold_credit(self.oar, advantages, response_mask, scores, mask.bool(),
                                           data["oar_active"].bool(), group_ids=data["oar_group"].long(),
-                                          rewards=data["oar_reward"].float())
+                                          rewards=data["oar_reward"].float(), ends=ends.bool())
         assert tuple(oar_metrics) == METRIC_KEYS
         metrics.update(oar_metrics)
         out = TensorDict({"advantages": response_to_nested(folded, data["response_mask"])}, batch_size=len(batch))
