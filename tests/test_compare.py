@@ -458,3 +458,25 @@ def test_stored_study_columns_read_back_as_the_same_columns():
         spec = CreditSpec.parse(c)
         older = Run(Path(c), {"credit": spec.name, "config": {"credit_options": dict(spec.options) or None}})
         assert older.credit == Run(Path(c), {"credit": str(spec), "config": {}}).credit == c
+
+
+@pytest.mark.slow
+def test_warm_seeds_make_warm_start_by_rl_seed_units(tmp_path):
+    """``warm_seeds=2``: each warm start is built once (its own seed, cached), every column runs the RL seeds from
+    each, warm start 0's runs keep their names (so an earlier one-warm-start study resumes into it), and the
+    results are over the (warm start, RL seed) units."""
+    cache = tmp_path / "cache"
+    first = compare(tmp_path / "out", _tiny_base(budget_s=2), ("grpo",), seeds=1, workers=1, cache_dir=cache,
+                    report=False)
+    res = compare(tmp_path / "out", _tiny_base(budget_s=2), ("grpo",), seeds=1, workers=1, cache_dir=cache,
+                  report=False, resume=True, warm_seeds=2)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == ["grpo-s0", "grpo-w1-s0"]
+    assert res["warm_seeds"] == 2 and len(set(res["warm_starts"])) == 2
+    meta = [json.loads((tmp_path / "out" / d / "run.json").read_text())["lab"]["warm"]["seed"]
+            for d in ("grpo-s0", "grpo-w1-s0")]
+    assert meta == [0, 1]
+    assert res["credits"]["grpo"]["final_accuracy"]["n"] == 2  # two units
+    assert first["credits"]["grpo"]["final_accuracy"]["n"] == 1
+    assert "(warm start, RL seed) units" in (tmp_path / "out" / "results.md").read_text()
+    with pytest.raises(ValueError, match="warm_seeds must be >= 1"):
+        compare(tmp_path / "bad", _tiny_base(), ("grpo",), seeds=1, warm_seeds=0)

@@ -40,7 +40,8 @@ def read_train_dataset(
     """The raw ``datasets.Dataset``, every row checked: ``prompt_column`` non-empty text and ``answer_column``
     present (not None/NaN/empty) in each row.
 
-    ``source``: a local .jsonl/.json/.parquet file or dataset directory, else a hub id. ValueError naming the
+    ``source``: a local .jsonl/.json/.parquet file or dataset directory, ``easy-arithmetic`` (the bundled set,
+    :mod:`oar.easy_arithmetic`), else a hub id. ValueError naming the
     file and line of malformed JSON, an empty dataset, a missing column, or the row and column of a bad value.
     """
     import datasets
@@ -48,10 +49,14 @@ def read_train_dataset(
     if max_samples is not None and (isinstance(max_samples, bool) or not isinstance(max_samples, int)
                                     or max_samples < 1):
         raise ValueError(f"max_train_samples must be an integer >= 1 (or unset: every row), got {max_samples!r}")
+    from oar.easy_arithmetic import EASY_ARITHMETIC, easy_arithmetic_rows
+
     path = Path(source).expanduser()
     looks_local = path.suffix in (".jsonl", ".json", ".parquet") or source.startswith(("/", ".", "~"))
     lines: list[int] | None = None  # the line of each row of a JSON Lines file
-    if path.is_file() and path.suffix != ".parquet":
+    if source == EASY_ARITHMETIC and not path.exists():  # the bundled set (oar.easy_arithmetic)
+        ds = _json_dataset(easy_arithmetic_rows())
+    elif path.is_file() and path.suffix != ".parquet":
         rows, lines = read_json_rows(path, answer_column)
         ds = _json_dataset(rows)
     elif path.is_file():

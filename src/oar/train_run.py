@@ -57,7 +57,7 @@ class TrainArguments:
 def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
     """``[--config FILE.yaml] [--field value ...]`` -> arguments, with TRL's own parser (CLI overrides YAML).
 
-    On a machine without CUDA the defaults become ``use_cpu=True, bf16=False``.
+    On a machine without CUDA the defaults become :func:`cpu_defaults` (any of them can still be set).
     """
     import torch
     from trl import TrlParser
@@ -66,7 +66,7 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
         check_config_file(argv[argv.index("--config") + 1], (TrainArguments, OARConfig))
     parser = TrlParser([TrainArguments, OARConfig], prog="oar train")
     if not torch.cuda.is_available():
-        parser.set_defaults(use_cpu=True, bf16=False)
+        parser.set_defaults(**cpu_defaults())
     script_args, config = parser.parse_args_and_config(args=argv)
     check_steps(config)
     if script_args.max_train_samples is not None and script_args.max_train_samples < 1:
@@ -75,6 +75,21 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
         raise ValueError(f"conversational must be 'auto', 'true' or 'false', got {script_args.conversational!r}")
     check_template(script_args.prompt_template)
     return script_args, config
+
+
+def cpu_defaults() -> dict[str, Any]:
+    """``oar train``'s defaults on a CPU (docs/results/lm_step.md measures each): no gradient checkpointing (TRL's
+    default recomputes every activation, for memory a CPU has); bf16 autocast over fp32 master weights where the
+    CPU has fast bf16 matmuls (oneDNN: AVX512-BF16 or AMX), which loses no update, unlike bf16 weights; and, in a
+    single process there, rollouts sampled from a bf16 copy of the policy (``oar_rollout_dtype``)."""
+    import os
+
+    import torch
+
+    fast_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    return {"use_cpu": True, "bf16": fast_bf16, "gradient_checkpointing": False,
+            "oar_rollout_dtype": "bfloat16" if fast_bf16 and one_process else None}
 
 
 def check_steps(config: OARConfig) -> None:

@@ -16,8 +16,8 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Mapping
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,10 @@ class OARConfig(GRPOConfig):
 
         oar_batch_size
 
+        > Rollouts
+
+        oar_rollout_dtype
+
         > Token-credit dumps
 
         oar_dump_every, oar_dump_count
@@ -128,6 +132,13 @@ class OARConfig(GRPOConfig):
     oar_dump_count: int = field(
         default=4, metadata={"help": "Completions per attribution dump, >= 1."}
     )
+    oar_rollout_dtype: str | None = field(
+        default=None,
+        metadata={"help": "Sample the rollouts from a copy of the policy in this dtype (e.g. 'bfloat16'), synced "
+                          "before every generation, with oar's sampler when sampling is plain (oar.sampling); the "
+                          "loss still reads the policy. None = TRL's generate on the policy. One process only; "
+                          "`oar train` sets it to bfloat16 on a CPU with fast bf16 matmuls."},
+    )
 
     def __post_init__(self) -> None:
         check_finite_fields(self)  # before transformers' own checks, which crash on inf (int(inf) steps)
@@ -147,6 +158,10 @@ class OARConfig(GRPOConfig):
             check_range("oar_max_probe_length", self.oar_max_probe_length, ">= 2")
         if not self.conclude_text:
             raise ValueError("conclude_text must be a non-empty string")
+        if self.oar_rollout_dtype is not None and not isinstance(getattr(torch, str(self.oar_rollout_dtype), None),
+                                                                 torch.dtype):
+            raise ValueError(f"oar_rollout_dtype must name a torch dtype (e.g. 'bfloat16') or be None, "
+                             f"got {self.oar_rollout_dtype!r}")
 
     def _merged_credit(self) -> CreditSpec:
         """``credit`` with the deprecated inputs merged in (one ``FutureWarning`` naming the replacement)."""
@@ -266,10 +281,20 @@ class OARGRPOTrainer(GRPOTrainer):
         generator.manual_seed(self.args.seed + 7919 * self.accelerator.process_index)
         self.oar_state = OARState(generator)
         self._rewards: RolloutRewards | None = None  # the latest rollout batch's, from _calculate_rewards
+        self._rollout_copy = None
+        if self.args.oar_rollout_dtype is not None:
+            if self.accelerator.num_processes > 1 or sharding_of(self.model_wrapped) is not None or self.use_vllm:
+                raise ValueError("oar_rollout_dtype needs one process without FSDP, ZeRO-3 or vLLM (the copy is "
+                                 "the whole policy); set it to None")
+            from oar.sampling import RolloutCopy
+
+            self._rollout_copy = RolloutCopy(self.accelerator.unwrap_model(self.model),
+                                             getattr(torch, self.args.oar_rollout_dtype))
 
     # --- the one TRL hook ------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        output = super()._generate_and_score_completions(inputs)
+        with self._rollouts_from_copy():
+            output = super()._generate_and_score_completions(inputs)
         if not self.model.training:  # evaluation: the loss is reported with plain GRPO advantages
             return output
         n = output["completion_ids"].shape[0]
@@ -286,6 +311,21 @@ class OARGRPOTrainer(GRPOTrainer):
         return output
 
     # --- pieces ------------------------------------------------------------------------------------------
+    @contextmanager
+    def _rollouts_from_copy(self) -> Iterator[None]:
+        """With ``oar_rollout_dtype``: TRL's ``generate`` call on the policy is served by the rollout copy, synced
+        with the policy's current weights first (:class:`oar.sampling.RolloutCopy`); otherwise nothing changes."""
+        if self._rollout_copy is None:
+            yield
+            return
+        policy = self.accelerator.unwrap_model(self.model)
+        self._rollout_copy.sync(policy)
+        policy.generate = self._rollout_copy.generate  # an instance attribute, removed below
+        try:
+            yield
+        finally:
+            del policy.generate
+
     def _token_credit(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> TokenCredit:
         """This process's token credit of the rollout batch (completions with a non-zero advantage are scored).
 

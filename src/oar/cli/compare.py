@@ -31,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--regime", help="lab regime (oar.lab.regimes): default, terse, long, distract, verbose, chain10, "
                    "or long-b16, the headroom cell, which also sets its batch shape, lr, budget and evaluation "
                    "(--quick keeps its own budget and evaluation)")
+    p.add_argument("--lab", default="char", choices=("char", "smollm2"),  # oar.lab.lm.LABS (a test holds them equal)
+                   help="the model: 'char', the character lab's tiny model (default), or 'smollm2', the "
+                   "language-model lab (SmolLM2-135M-Instruct through its chat template, its own warm start, "
+                   "recipe and protocol; a --regime gives it its task only)")
+    p.add_argument("--warm-seeds", type=int, default=1, dest="warm_seeds",
+                   help="warm starts (SFT seeds 0..N-1, each cached): every credit runs --seeds RL seeds from each, "
+                   "and every interval is over the (warm start, RL seed) units (default 1: warm start 0)")
     p.add_argument("--workers", type=int, help="parallel single-thread runs (default 2; with --backend ray, as "
                    "many as the cluster has CPUs)")
     p.add_argument("--backend", choices=("local", "ray"), default="local",
@@ -67,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"clock": args.clock, **{k: v for k, v in given.items() if v is not None}}
     if args.verbosity is not None:
         overrides["task"] = {"verbosity": args.verbosity}
-    base = base_config(preset, args.regime, overrides)  # every override in one dict, checked before any work
+    base = base_config(preset, args.regime, overrides, lab=args.lab)  # every override in one dict, checked first
     ray = None
     if args.backend == "ray":
         ray = RayOptions(address=args.address, **({"retries": args.retries} if args.retries is not None else {}),
@@ -75,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         results = compare(args.out, base, credits or preset.credits,
                           seeds=preset.seeds if args.seeds is None else args.seeds, workers=args.workers,
-                          resume=args.resume, verbose=args.verbose, imports=tuple(args.modules), ray=ray)
+                          resume=args.resume, verbose=args.verbose, imports=tuple(args.modules), ray=ray,
+                          warm_seeds=args.warm_seeds)
     except RunsFailed as err:  # what finished is written and summarised; the failed runs are named
         if err.results is not None:
             print_summary(err.results, args.out)

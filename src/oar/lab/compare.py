@@ -19,11 +19,12 @@ from pathlib import Path
 
 from oar.credit import CreditSpec, import_modules
 from oar.files import atomic_write, check_writable_dir
+from oar.lab.lm import LABS, LM_PROTOCOL, LM_QUICK, LM_QUICK_WARM_STEPS, LM_RECIPE, LMWarmStartConfig, lm_warm_start
 from oar.lab.pool import Job, run_local
 from oar.lab.ray_pool import RayOptions
 from oar.lab.run import RunConfig, credit_defaults
 from oar.lab.summary import format_results_table, summarize_comparison
-from oar.lab.task import TaskConfig
+from oar.lab.task import TaskConfig, recorded_task
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.progress import RunTable
 from oar.quiet import quiet_libraries
@@ -138,9 +139,15 @@ def _same_defaults(recorded: dict | None, current: dict) -> bool:
 
 
 def _lab_key(lab: dict | None) -> dict | None:
-    """A run's recorded ``RunConfig`` with its credit as one value: an older oar kept a column's options in
-    ``oar.credit_options``; folded into ``credit`` here, so its finished runs still count on ``--resume``."""
-    if not isinstance(lab, dict) or not (lab.get("oar") or {}).get("credit_options"):
+    """A run's recorded ``RunConfig`` as compared on ``--resume``: its credit as one value (an older oar kept a
+    column's options in ``oar.credit_options``; folded into ``credit`` here) and its task without the knobs added
+    later at their defaults (:func:`oar.lab.task.recorded_task`), so an older oar's finished runs still count."""
+    if not isinstance(lab, dict):
+        return lab
+    warm = lab.get("warm")
+    if isinstance(warm, dict) and isinstance(warm.get("task"), dict):  # knobs added later, at their defaults
+        lab = {**lab, "warm": {**warm, "task": recorded_task(warm["task"])}}
+    if not (lab.get("oar") or {}).get("credit_options"):
         return lab
     oar = dict(lab["oar"])
     options = oar.pop("credit_options")
@@ -173,14 +180,20 @@ def _check_keys(what: str, keys, allowed: frozenset[str]) -> None:
                          f"fields: {', '.join(sorted(allowed))}")
 
 
-def base_config(preset: ComparePreset, regime: str | None = None, overrides: Mapping | None = None) -> RunConfig:
+def base_config(preset: ComparePreset, regime: str | None = None, overrides: Mapping | None = None,
+                lab: str = "char") -> RunConfig:
     """The :class:`RunConfig` every run of a comparison starts from (credit and seed still to set).
 
     In order of precedence: the preset's budget and evaluation; the regime's task, recipe and (unless the preset
     is a smoke one) protocol; ``overrides``, :class:`RunConfig` fields, of which ``warm`` (a
     :class:`WarmStartConfig`) replaces the preset's warm start before the regime's task applies to it, and
     ``task`` (a dict of :class:`oar.lab.task.TaskConfig` fields, e.g. ``{"verbosity": 0}``) applies after it.
-    ValueError naming a bad regime, field or value."""
+    ``lab``: ``"char"`` (the character lab) or a pretrained LM (:data:`oar.lab.lm.LM_MODELS`: the language-model
+    lab), whose own warm start, recipe and protocol (:data:`oar.lab.lm.LM_RECIPE`, ``LM_PROTOCOL``; ``LM_QUICK``
+    under a smoke preset) replace the preset's and the regime's: a regime gives it its task only.
+    ValueError naming a bad lab, regime, field or value."""
+    if lab not in LABS:
+        raise ValueError(f"lab must be one of {LABS}, got {lab!r}")
     overrides = dict(overrides or {})
     task = overrides.pop("task", {})
     _check_keys("overrides", overrides, _RUN_FIELDS)
@@ -190,15 +203,26 @@ def base_config(preset: ComparePreset, regime: str | None = None, overrides: Map
     run = {"budget_s": p.budget_s, "eval_every": p.eval_every, "eval_problems": p.eval_problems,
            "eval_k": p.eval_k, **p.run}
     if regime is not None:
-        from oar.lab.regimes import apply_regime, get_regime
+        from oar.lab.regimes import get_regime
 
-        warm = apply_regime(warm, regime)  # ValueError naming the registered regimes
-        run.update(get_regime(regime).recipe)
-        if not p.smoke:
-            run.update(get_regime(regime).protocol)
+        warm = replace(warm, task=replace(warm.task, **get_regime(regime).task))  # ValueError naming the regimes
+        if lab == "char":
+            run.update(get_regime(regime).recipe)
+            if not p.smoke:
+                run.update(get_regime(regime).protocol)
+    if lab != "char":
+        if not isinstance(warm, LMWarmStartConfig):
+            warm = LMWarmStartConfig(model=lab, task=warm.task,
+                                     **({"steps": LM_QUICK_WARM_STEPS} if p.smoke else {}))
+        run.update({**LM_RECIPE, **(LM_QUICK if p.smoke else LM_PROTOCOL)})
     if task:
         warm = replace(warm, task=replace(warm.task, **task))
     return RunConfig(warm=warm, **{**run, **overrides})
+
+
+def run_name(column: str, warm_seed: int, seed: int) -> str:
+    """The run directory of ``column``'s run from warm start ``warm_seed`` with RL seed ``seed``."""
+    return run_dir_name(column if warm_seed == 0 else f"{column}-w{warm_seed}", seed)
 
 
 def run_config(base: RunConfig, column: str, seed: int) -> RunConfig:
@@ -209,7 +233,7 @@ def run_config(base: RunConfig, column: str, seed: int) -> RunConfig:
 def compare(
     out: str | Path, base: RunConfig, columns: Sequence[str], *, seeds: int, workers: int | None = None,
     resume: bool = False, progress: bool = True, verbose: bool = False, imports: Sequence[str] = (),
-    cache_dir: str | Path | None = None, report: bool = True, ray: RayOptions | None = None,
+    cache_dir: str | Path | None = None, report: bool = True, ray: RayOptions | None = None, warm_seeds: int = 1,
 ) -> dict:
     """Train every (column, seed) run from ``base`` (:func:`base_config`) into ``out/COLUMN-sSEED`` and write
     the results.
@@ -225,6 +249,9 @@ def compare(
     ``imports``: modules registering credit methods (``--import``), imported here and in every worker.
     ``cache_dir``: the warm-start cache (default ``oar.cache``'s). ``report``: also write ``report.md``.
     ``ray``: run every run as a Ray task (:class:`oar.lab.ray_pool.RayOptions`); None: the local pool.
+    ``warm_seeds``: warm starts 0..warm_seeds-1 (``base.warm`` with that ``seed``, each built once and cached);
+    every column runs ``seeds`` RL seeds from each, and a (warm start, RL seed) pair is the unit every interval is
+    over. Warm start 0's runs keep their names (``COLUMN-sSEED``), the others' are ``COLUMN-wW-sSEED``.
 
     Returns the results object (also in ``out/results.json``; table in ``out/results.md``). Raises
     :class:`RunsFailed` (after writing the results of the other runs) when a Ray run failed every attempt.
@@ -237,28 +264,32 @@ def compare(
         raise ValueError("no credit columns to compare")
     if not 1 <= seeds <= MAX_SEEDS:
         raise ValueError(f"seeds must be between 1 and {MAX_SEEDS}, got {seeds}")
+    if not 1 <= warm_seeds <= MAX_SEEDS:
+        raise ValueError(f"warm_seeds must be between 1 and {MAX_SEEDS}, got {warm_seeds}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if ray is not None:
         ray.check()
     # absolute: the same path in run.json on every backend and node; every path it writes checked before any work
-    out = check_out_dir(Path(out).resolve(), [run_dir_name(c, seed) for seed in range(seeds) for c in keys])
+    out = check_out_dir(Path(out).resolve(), [run_name(c, w, seed) for w in range(warm_seeds) for seed in range(seeds)
+                                                for c in keys])
     from rich.live import Live
 
     reference = next((c for c, spec in specs.items() if not spec.resolve().method.acts), keys[0])  # plain GRPO
     # Live re-draws the view 4 times a second and leaves its last state on the screen
     with quiet_libraries(verbose), (Live(refresh_per_second=4) if progress else contextlib.nullcontext()) as live:
         return _compare(out, base, keys, seeds, workers, cache_dir, report, resume, live, verbose, imports, ray,
-                        reference)
+                        reference, warm_seeds)
 
 
 def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers: int | None, cache_dir,
              report: bool, resume: bool, live, verbose: bool, imports: tuple[str, ...],
-             ray: RayOptions | None, reference: str) -> dict:
+             ray: RayOptions | None, reference: str, warm_seeds: int = 1) -> dict:
     """The body of :func:`compare` (arguments checked), drawing into ``live`` (a ``rich.live.Live`` or None);
     ``reference``: the column the others are compared with (the one that does not act, plain GRPO, if any)."""
     t0 = time.perf_counter()
-    names = [run_dir_name(c, seed) for seed in range(seeds) for c in columns]
+    units = [(w, seed) for w in range(warm_seeds) for seed in range(seeds)]  # unit-major: a unit's credits together
+    names = [run_name(c, w, seed) for w, seed in units for c in columns]
     session, limit = contextlib.nullcontext(), workers  # limit: runs in flight (Ray: None, the cluster decides)
     if ray is None:
         workers = limit = workers or DEFAULT_WORKERS
@@ -275,18 +306,21 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
         if live is not None:
             live.update(view)
         t_warm = time.perf_counter()
-        view.update(WARM_START_ROW, status="running", note="loading")
-        _, _, warm_path = warm_start(base.warm, cache_dir, report=lambda **f: view.update(WARM_START_ROW, **f))
-        warm_s = time.perf_counter() - t_warm  # once, before the workers (they load the cache)
+        build = lm_warm_start if isinstance(base.warm, LMWarmStartConfig) else warm_start
+        warms, warm_paths = [replace(base.warm, seed=w) for w in range(warm_seeds)], []
+        for w, warm in enumerate(warms):  # once each, before the workers (they load the cache)
+            view.update(WARM_START_ROW, status="running", note="loading" + (f" (seed {w})" if warm_seeds > 1 else ""))
+            warm_paths.append(build(warm, cache_dir, report=lambda **f: view.update(WARM_START_ROW, **f))[2])
+        warm_path, warm_s = warm_paths[0], time.perf_counter() - t_warm
         cached = view.rows[WARM_START_ROW].step == 0
         view.update(WARM_START_ROW, status="cached" if cached else "done",
                     note=f"key {warm_path.name}" if cached else f"{view.rows[WARM_START_ROW].note}, {warm_s:.0f} s")
         jobs, dirs = [], {}
-        for seed in range(seeds):  # seed-major: the credits of one seed run side by side
+        for w, seed in units:
             for c in columns:
-                cfg = run_config(base, c, seed)
-                run_dir = out / run_dir_name(c, seed)
-                dirs[(c, seed)] = run_dir
+                cfg = replace(run_config(base, c, seed), warm=warms[w])
+                run_dir = out / run_name(c, w, seed)
+                dirs[(c, seed if warm_seeds == 1 else f"w{w}-s{seed}")] = run_dir
                 if resume and finished_run(run_dir, cfg):
                     view.update(run_dir.name, status="cached", note="kept (--resume)")
                 else:
@@ -297,7 +331,10 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
         else:
             from oar.lab.ray_pool import run_ray
 
-            errors = run_ray(jobs, view, warm_path, ray, limit, verbose, imports)
+            errors = {}
+            for w, path in enumerate(warm_paths):  # one warm start shipped per batch of its runs
+                mine = [j for j in jobs if j.cfg.warm == warms[w]]
+                errors.update(run_ray(mine, view, path, ray, limit, verbose, imports) if mine else {})
     failed = {name: errs for name, errs in errors.items() if len(errs) > ray.retries} if ray else {}
     dirs = {k: d for k, d in dirs.items() if d.name not in failed}
     if not dirs:
@@ -305,7 +342,8 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
     view.update(REPORT_ROW, status="running", note="results.json, results.md, report.md")
     credits = list(dict.fromkeys(c for c, _ in dirs))
     results = summarize_comparison(dirs, reference=reference if reference in credits else credits[0])
-    results.update({"warm_start": str(warm_path), "warm_start_seconds": warm_s,
+    results.update({"warm_start": str(warm_path), "warm_starts": [str(p) for p in warm_paths],
+                    "warm_seeds": warm_seeds, "warm_start_seconds": warm_s,
                     "wall_seconds": time.perf_counter() - t0, "config": asdict(base), "seeds": seeds,
                     "workers": workers, "backend": "ray" if ray else "local",
                     "errors": {name: errs for name, errs in errors.items() if errs}})

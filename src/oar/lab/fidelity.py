@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from oar.lab.task import ANSWER, BOXED, DISTRACTOR, FILLER, LABEL_NAMES, PIVOTAL, LabProblem
@@ -29,21 +31,43 @@ def pairwise_auc(scores: torch.Tensor, positive: torch.Tensor, negative: torch.T
     return auc.masked_fill(n == 0, float("nan"))
 
 
-def lab_batch(tokenizer, problems: list[LabProblem]) -> dict[str, torch.Tensor]:
-    """Rollout-layout tensors of the worked solutions: left-padded ``prompt_ids/prompt_mask [B, P]``,
-    right-padded ``completion_ids/completion_mask [B, T]`` (completion + eos) and ``labels [B, T]``
-    (task label per token, -1 on eos and padding)."""
-    enc = tokenizer([p.prompt for p in problems], return_tensors="pt", padding=True)
-    rows = [tokenizer(p.completion)["input_ids"] + [tokenizer.eos_token_id] for p in problems]
+def lab_batch(tokenizer, problems: list[LabProblem]) -> dict:
+    """Rollout-layout tensors of the worked solutions: left-padded ``prompt_ids/prompt_mask [B, P]`` (the lab
+    prompt, in the tokenizer's chat template when it has one: the LM lab), right-padded
+    ``completion_ids/completion_mask [B, T]`` (completion + eos), ``labels [B, T]`` (task label per token from
+    the labels of the characters it covers, :func:`oar.lab.lm.token_labels`; -1 on eos and padding) and
+    ``offsets`` (each row's token ``[start, end)`` character spans in its completion)."""
+    from oar.lab.lm import chat_prompt, token_labels
+
+    chat = getattr(tokenizer, "chat_template", None) is not None
+    prompts = [chat_prompt(tokenizer, p.prompt) if chat else p.prompt for p in problems]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    comps = [tokenizer(p.completion, add_special_tokens=False, return_offsets_mapping=True) for p in problems]
+    rows = [c["input_ids"] + [tokenizer.eos_token_id] for c in comps]
     T = max(map(len, rows))
     ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), T), -1, dtype=torch.long)
-    for i, (r, p) in enumerate(zip(rows, problems, strict=True)):
+    for i, (r, c, p) in enumerate(zip(rows, comps, problems, strict=True)):
         ids[i, : len(r)] = torch.tensor(r)
-        labels[i, : len(p.labels)] = torch.tensor(p.labels)
+        labels[i, : len(r) - 1] = torch.tensor(token_labels(c["offset_mapping"], p.labels), dtype=torch.long)
     mask = torch.arange(T)[None, :] < torch.tensor([len(r) for r in rows])[:, None]
     return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"].bool(),
-            "completion_ids": ids, "completion_mask": mask, "labels": labels}
+            "completion_ids": ids, "completion_mask": mask, "labels": labels,
+            "offsets": [[tuple(o) for o in c["offset_mapping"]] for c in comps]}
+
+
+def _columns(scorers: tuple[str, ...], what: str) -> list[tuple[str, object]]:
+    """``(column, resolved credit)`` per scorer column (``NAME`` or ``NAME@OPT=V``, :class:`oar.credit.CreditSpec`);
+    ValueError for a method that reads rollout-group statistics (no signal on single completions)."""
+    from oar.credit import CreditSpec
+
+    out = []
+    for col in scorers:
+        resolved = CreditSpec.parse(col).resolve()
+        if resolved.method.needs_group:
+            raise ValueError(f"credit {resolved.method.name!r} reads rollout-group statistics: no {what}")
+        out.append((col, resolved))
+    return out
 
 
 def attribution_fidelity(
@@ -61,21 +85,18 @@ def attribution_fidelity(
     label (NaN when there are none)}}``; AUC 0.5 is chance, 1.0 a perfect ranking; a mean weight above 1 means that
     kind of token gets more than its uniform share of the advantage.
     """
-    from oar.credit import CreditBatch, get_credit, token_credit
+    from oar.credit import CreditBatch, token_credit
     from oar.probe import OutcomeProbe
 
     if not problems:
         raise ValueError("problems is empty")
-    methods = [get_credit(s) for s in scorers]
-    for m in methods:
-        if m.needs_group:
-            raise ValueError(f"credit {m.name!r} reads rollout-group statistics: no fidelity on worked solutions")
+    methods = _columns(scorers, "fidelity on worked solutions")
     probe = OutcomeProbe(tokenizer, conclude=conclude)
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, dict[str, list[torch.Tensor]]] = {
-        m.name: {"auc_filler": [], "auc_distractor": [], "auc_rest": [],
-                 **{f"weights_{n}": [] for n in REASONING_KINDS.values()}}
-        for m in methods
+        col: {"auc_filler": [], "auc_distractor": [], "auc_rest": [], "seconds": [],
+              **{f"weights_{n}": [] for n in REASONING_KINDS.values()}}
+        for col, _ in methods
     }
     model.eval()
     for i in range(0, len(problems), batch_size):
@@ -85,19 +106,22 @@ def attribution_fidelity(
         pos = reasoning & (b["labels"] == PIVOTAL)
         batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
                             model=model)
-        for m in methods:
-            tc = token_credit(m, batch, probe=probe, batch_size=batch_size, generator=gen)
-            out[m.name]["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
-            out[m.name]["auc_distractor"].append(
+        for col, resolved in methods:
+            t0 = time.thread_time()
+            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
+            out[col]["seconds"].append(time.thread_time() - t0)
+            out[col]["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
+            out[col]["auc_distractor"].append(
                 pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == DISTRACTOR)))
-            out[m.name]["auc_rest"].append(pairwise_auc(tc.scores, pos, reasoning & ~pos))
+            out[col]["auc_rest"].append(pairwise_auc(tc.scores, pos, reasoning & ~pos))
             for label, n in REASONING_KINDS.items():
-                out[m.name][f"weights_{n}"].append(tc.weights[reasoning & (b["labels"] == label)])
+                out[col][f"weights_{n}"].append(tc.weights[reasoning & (b["labels"] == label)])
     result = {}
     for name, d in out.items():
         f, r, dis = torch.cat(d["auc_filler"]), torch.cat(d["auc_rest"]), torch.cat(d["auc_distractor"])
         result[name] = {"auc_filler": f.nanmean().item(), "auc_distractor": dis.nanmean().item(),
                         "auc_rest": r.nanmean().item(), "completions": int((~r.isnan()).sum()),
+                        "cpu_s_per_solution": sum(d["seconds"]) / len(problems),
                         **{f"weight_{n}": torch.cat(d[f"weights_{n}"]).mean().item()
                            for n in REASONING_KINDS.values()}}
     return result
@@ -115,25 +139,26 @@ def localisation(
     step's tokens (``weight_wrong_step``; > 1 means the penalty concentrates there) and the number of completions
     (``completions``). Methods reading group statistics are rejected, as in :func:`attribution_fidelity`.
     """
-    from oar.credit import CreditBatch, get_credit, token_credit
+    from oar.credit import CreditBatch, token_credit
     from oar.lab.model import sample
     from oar.lab.task import extract_int, first_wrong_step
     from oar.probe import OutcomeProbe
 
-    methods = [get_credit(s) for s in scorers]
-    for m in methods:
-        if m.needs_group:
-            raise ValueError(f"credit {m.name!r} reads rollout-group statistics: no localisation on single samples")
-    texts = sample(model, tokenizer, [p.prompt for p in problems] * k, temperature, max_new_tokens, seed=seed)
+    methods = _columns(scorers, "localisation on single samples")
+    from oar.lab.lm import chat_prompt
+
+    chat = getattr(tokenizer, "chat_template", None) is not None
+    prompts = [chat_prompt(tokenizer, p.prompt) if chat else p.prompt for p in problems]
+    texts = sample(model, tokenizer, prompts * k, temperature, max_new_tokens, seed=seed)
     failed = []
     for p, t in zip(problems * k, texts, strict=True):
         span = first_wrong_step(p.prompt, t)
         if extract_int(t) != p.answer and span is not None:
             failed.append((p.prompt, t, span))
-    out = {m.name: {"hits": 0.0, "chance": 0.0, "weight": 0.0, "n": 0} for m in methods}
+    out = {col: {"hits": 0.0, "chance": 0.0, "weight": 0.0, "n": 0} for col, _ in methods}
     if not failed:
-        return {m.name: {"rate": float("nan"), "chance": float("nan"), "weight_wrong_step": float("nan"),
-                         "completions": 0} for m in methods}
+        return {col: {"rate": float("nan"), "chance": float("nan"), "weight_wrong_step": float("nan"),
+                      "completions": 0} for col, _ in methods}
     probe = OutcomeProbe(tokenizer, conclude=BOXED)
     gen = torch.Generator().manual_seed(seed)
     for i in range(0, len(failed), batch_size):
@@ -141,19 +166,19 @@ def localisation(
         b = lab_batch(tokenizer, [LabProblem(pr, t, 0, (ANSWER,) * len(t)) for pr, t, _ in chunk])
         batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
                             model=model)
-        T = b["completion_ids"].shape[1]
-        pos = torch.arange(T)[None, :]
-        lo, hi = torch.tensor([s[0] for _, _, s in chunk])[:, None], torch.tensor([s[1] for _, _, s in chunk])[:, None]
-        wrong = (pos >= lo) & (pos < hi)  # one lab token per character
-        for m in methods:
-            tc = token_credit(m, batch, probe=probe, batch_size=batch_size, generator=gen)
+        wrong = torch.zeros_like(b["completion_mask"])  # the tokens covering a character of the wrong step
+        for r, ((_, _, (lo, hi)), offsets) in enumerate(zip(chunk, b["offsets"], strict=True)):
+            for t, (start, end) in enumerate(offsets):
+                wrong[r, t] = start < hi and end > lo
+        for col, resolved in methods:
+            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
             rows = tc.mask.any(dim=1) & (tc.mask & wrong).any(dim=1)
             w = tc.weights.masked_fill(~tc.mask, float("-inf"))
             top = tc.mask & (w == w.amax(dim=1, keepdim=True))  # tokens sharing the largest weight share the hit
             hit = (top & wrong).sum(1) / top.sum(1).clamp_min(1)
             share = (tc.mask & wrong).sum(1) / tc.mask.sum(1).clamp_min(1)
             w_wrong = (tc.weights * (tc.mask & wrong)).sum(1) / (tc.mask & wrong).sum(1).clamp_min(1)
-            d = out[m.name]
+            d = out[col]
             d["hits"] += float(hit[rows].sum())
             d["chance"] += float(share[rows].sum())
             d["weight"] += float(w_wrong[rows].sum())

@@ -45,61 +45,38 @@ def build_model(cfg: ModelConfig, vocab_size: int, seed: int = 0):
 @torch.no_grad()
 def sample(model, tokenizer, prompts: list[str], temperature: float = 1.0, max_new_tokens: int = 128,
            batch_size: int = 512, seed: int = 0) -> list[str]:
-    """Complete every prompt once (greedy iff ``temperature == 0``); returns the completion texts."""
+    """Complete every prompt once (greedy iff ``temperature == 0``) with :func:`oar.sampling.sample_tokens`
+    (left padding, KV cache); ``prompts`` are final texts (the LM lab's are in the chat template). Returns the
+    completion texts."""
+    from oar.sampling import sample_tokens
+
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     out: list[str] = []
     for i in range(0, len(prompts), batch_size):
-        enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True)
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        out += tokenizer.batch_decode(_decode(model, ids, mask, temperature, max_new_tokens, gen),
-                                      skip_special_tokens=True)
+        enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=False)
+        new = sample_tokens(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
+                            temperature=temperature, eos_token_ids=model.config.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, generator=gen)
+        out += tokenizer.batch_decode(new, skip_special_tokens=True)
     model.train(was_training)
     return out
 
 
-def _decode(model, ids: torch.Tensor, mask: torch.Tensor, temperature: float, max_new: int,
-            gen: torch.Generator) -> torch.Tensor:
-    """KV-cached ancestral sampling from left-padded ``ids [B, P]``; returns ``[B, <=max_new]`` ids (eos → pad)."""
-    from transformers import DynamicCache
-
-    eos, pad = model.config.eos_token_id, model.config.pad_token_id
-    pos = (mask.cumsum(1) - 1).clamp_min(0)
-    cache = DynamicCache()
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[:, -1]
-    done = torch.zeros(ids.shape[0], dtype=torch.bool)
-    next_pos = pos[:, -1:] + 1
-    toks = []
-    for _ in range(max_new):
-        if temperature > 0:
-            probs = torch.softmax(logits.float() / temperature, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-        else:
-            tok = logits.argmax(-1)
-        tok = tok.masked_fill(done, pad)
-        toks.append(tok)
-        done |= tok == eos
-        if done.all():
-            break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                       past_key_values=cache).logits[:, -1]
-        next_pos = next_pos + 1
-    out = torch.stack(toks, 1)
-    return out.masked_fill(out == eos, pad)
-
-
 def accuracy(model, tokenizer, problems: list[LabProblem], k: int = 4, temperature: float = 1.0,
-             max_new_tokens: int = 128, seed: int = 0) -> dict[str, float]:
+             max_new_tokens: int = 128, seed: int = 0, prompts: list[str] | None = None,
+             batch_size: int = 512) -> dict[str, float]:
     """Held-out accuracy: ``accuracy`` = avg@k at ``temperature`` (mean over k samples per problem),
-    ``pass_at_k``, ``greedy_accuracy``, and ``mean_length`` (chars of the sampled completions)."""
-    prompts = [p.prompt for p in problems]
+    ``pass_at_k``, ``greedy_accuracy``, and ``mean_length`` (chars of the sampled completions). ``prompts``: the
+    texts fed to the model (default the problems' own prompts; the LM lab passes them in its chat template)."""
+    prompts = [p.prompt for p in problems] if prompts is None else prompts
     answers = [p.answer for p in problems]
-    texts = sample(model, tokenizer, prompts * k, temperature, max_new_tokens, seed=seed)
+    texts = sample(model, tokenizer, prompts * k, temperature, max_new_tokens, batch_size, seed=seed)
     hits = torch.tensor([extract_int(t) == a for t, a in zip(texts, answers * k, strict=True)],
                         dtype=torch.float).view(k, -1)
-    greedy = sample(model, tokenizer, prompts, 0.0, max_new_tokens)
+    greedy = sample(model, tokenizer, prompts, 0.0, max_new_tokens, batch_size)
     g_hits = [extract_int(t) == a for t, a in zip(greedy, answers, strict=True)]
     return {
         "accuracy": hits.mean().item(),

@@ -14,7 +14,10 @@ under the same trainer, combine modes and controls as any other credit (docs/lab
   row) under OAR's own Bi-Level reshaping (OAR_SPEC §4, same probe, mask and defaults as ``oar-g``; the ``rule``
   default). It separates OAR's reshaping rule from OAR's attribution; ``rule=`` gives it under any other rule.
 
-Lab-only: the texts are the lab's one-character-per-token ids (:func:`oar.lab.tokenizer.decode_chars`).
+Lab-only. The texts are read with the batch's tokenizer (``CreditBatch.tokenizer``, the probe's for
+``oracle-oar``) and mapped back to tokens by each token's character span (:func:`oar.lab.lm.token_char_spans`;
+the language-model lab's BPE tokens); without one, as the character lab's one-character-per-token ids
+(:func:`oar.lab.tokenizer.decode_chars`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch
 from oar.credit import CreditBatch, bilevel_effect, register_credit
 from oar.credit.catalogue import BILEVEL
 from oar.credit.options import Option
-from oar.lab.task import first_wrong_step, step_digit_positions
+from oar.lab.lm import char_positions_to_tokens, token_char_spans
+from oar.lab.task import first_wrong_step, lab_prompt, step_digit_positions
 from oar.lab.tokenizer import decode_chars
 from oar.reshape import FLOOR, FLOOR_RANGE
 
@@ -40,12 +44,20 @@ def blame_mask(batch: CreditBatch) -> torch.Tensor:
     cmask = batch.completion_mask.bool()
     out = torch.zeros_like(cmask)
     for r in (batch.advantages < 0).nonzero().squeeze(1).tolist():
-        prompt = decode_chars(batch.prompt_ids[r][batch.prompt_mask[r].bool()].tolist())
-        completion = decode_chars(batch.completion_ids[r].tolist())  # char i = token i
-        span = first_wrong_step(prompt, completion)
+        prompt, _ = _text(batch.tokenizer, batch.prompt_ids[r][batch.prompt_mask[r].bool()].tolist())
+        completion, spans = _text(batch.tokenizer, batch.completion_ids[r].tolist())
+        span = first_wrong_step(lab_prompt(prompt), completion)
         if span is not None:
-            out[r, span[0]:] = cmask[r, span[0]:]
+            first = next(t for t, (_, end) in enumerate(spans) if end > span[0])
+            out[r, first:] = cmask[r, first:]
     return out
+
+
+def _text(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """The text of token ``ids`` and each token's character span in it (the char lab's ids without a tokenizer)."""
+    if tokenizer is None:
+        return decode_chars(ids), [(i, i + 1) for i in range(len(ids))]
+    return tokenizer.decode(ids, skip_special_tokens=True), token_char_spans(tokenizer, ids)
 
 
 def blame_scores(batch: CreditBatch) -> torch.Tensor:
@@ -80,13 +92,16 @@ def flagged_only(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def pivotal_scores(model: torch.nn.Module | None, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   reasoning_mask: torch.Tensor, answer_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, L]`` float32 on outcome probes: 1 on the reasoning tokens that are digits of a written step
-    (:func:`oar.lab.task.step_digit_positions`), 0 elsewhere (the model is not used)."""
+                   reasoning_mask: torch.Tensor, answer_mask: torch.Tensor, probe=None) -> torch.Tensor:
+    """``[B, L]`` float32 on outcome probes: 1 on the reasoning tokens covering a digit of a written step
+    (:func:`oar.lab.task.step_digit_positions`), 0 elsewhere (the model is not used; ``probe``: its tokenizer
+    reads the texts)."""
     scores = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    tokenizer = getattr(probe, "tokenizer", None)
     for r in range(input_ids.shape[0]):
         cols = reasoning_mask[r].nonzero().squeeze(1)
-        digits = step_digit_positions(decode_chars(input_ids[r, cols].tolist()))
+        text, spans = _text(tokenizer, input_ids[r, cols].tolist())
+        digits = char_positions_to_tokens(spans, step_digit_positions(text))
         scores[r, cols[digits]] = 1.0
     return scores
 

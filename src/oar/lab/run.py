@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from oar.files import atomic_write
+from oar.lab.lm import LMWarmStartConfig, chat_prompt, lm_warm_start
 from oar.lab.model import accuracy
 from oar.lab.task import BOXED, lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
@@ -43,11 +44,14 @@ class RunConfig:
     start's model).
     ``gradient_checkpointing``: off (TRL turns it on by default; a 0.25 M-parameter model does not need it, and
     a GRPO step takes 0.97 s instead of 1.10 s without it, docs/studies/first-study).
+    ``warm``: the character lab's warm start, or the language-model lab's (:class:`oar.lab.lm.LMWarmStartConfig`:
+    SmolLM2 in its chat template, trained under bf16 autocast over fp32 weights, rollouts and evaluation sampled
+    from a bf16 copy of the policy, :class:`oar.sampling.RolloutCopy`).
     """
 
     credit: str = "grpo"
     seed: int = 0
-    warm: WarmStartConfig = field(default_factory=WarmStartConfig)
+    warm: WarmStartConfig | LMWarmStartConfig = field(default_factory=WarmStartConfig)
     prompts_per_step: int = 16
     group_size: int = 8
     temperature: float = 1.0
@@ -164,16 +168,24 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     run = RunDir(run_dir)
     run.path.mkdir(parents=True, exist_ok=True)
     run.metrics_jsonl.unlink(missing_ok=True)
-    model, tok, warm_path = warm_start(cfg.warm, cache_dir, progress=False)
+    lm = isinstance(cfg.warm, LMWarmStartConfig)
+    model, tok, warm_path = (lm_warm_start if lm else warm_start)(cfg.warm, cache_dir, progress=False)
     if cfg.freeze_embeddings:  # RL moves the blocks and the head; input embeddings stay as SFT left them
         model.get_input_embeddings().weight.requires_grad_(False)
     task = replace(cfg.warm.task, slip_rate=0.0)
-    max_len = cfg.max_completion_length or max_completion_chars(task) + 8
+    max_len = cfg.max_completion_length or max_completion_chars(task) + 8  # chars >= tokens for a BPE model
     train = make_split(task, "train", cfg.train_pool, seed=cfg.seed)
     test = make_split(task, "test", cfg.eval_problems, seed=0)
-    ds = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
+    if lm:  # the user turn of the chat template (TRL applies it to message prompts)
+        ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p.prompt}], "answer": p.answer}
+                                for p in train])
+        test_prompts = [chat_prompt(tok, p.prompt) for p in test]
+    else:
+        ds = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
+        test_prompts = None
     args = OARConfig(
-        output_dir=str(run.path), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=False,
+        output_dir=str(run.path), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=lm,
+        oar_rollout_dtype="bfloat16" if lm else None,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size, num_generations=cfg.group_size,
         max_completion_length=max_len, temperature=cfg.temperature, top_k=0, top_p=1.0,
         learning_rate=cfg.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.warmup_steps,
@@ -183,10 +195,18 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         disable_tqdm=True, dataloader_num_workers=0, conclude_text=BOXED, **cfg.oar,
     )
     # the credit's registered option defaults: a resumed comparison must not reuse a run made under other defaults
+    trainer = None
+
+    def evaluate(step: int) -> dict:
+        sampler = model
+        if trainer is not None and trainer._rollout_copy is not None:  # the LM lab samples from the bf16 copy
+            trainer._rollout_copy.sync(model)
+            sampler = trainer._rollout_copy.model
+        return accuracy(sampler, tok, test, k=cfg.eval_k, temperature=cfg.temperature, max_new_tokens=max_len,
+                        seed=1000 + step, prompts=test_prompts, batch_size=128 if lm else 512)
+
     cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg), "credit_defaults": credit_defaults(cfg)},
-                     lambda step: accuracy(model, tok, test, k=cfg.eval_k, temperature=cfg.temperature,
-                                           max_new_tokens=max_len, seed=1000 + step),
-                     cfg.budget_s, cfg.eval_every, cfg.max_steps, report, cfg.clock)
+                     evaluate, cfg.budget_s, cfg.eval_every, cfg.max_steps, report, cfg.clock)
     trainer = OARGRPOTrainer(model=model, args=args, processing_class=tok, reward_funcs=lab_reward,
                              train_dataset=ds, callbacks=[cb])
     trainer.remove_callback(PrinterCallback)

@@ -188,7 +188,8 @@ def format_results_table(results: dict) -> str:
             f"| {_fmt(a['ess_ratio'], 1, 2)} | {_fmt(a['final_entropy'], 1, 3)} |")
     ref = results["reference_final_accuracy"]
     headroom = format_headroom_table(results)
-    notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, in points, mean ± std over seeds [95% CI "
+    over = ("(warm start, RL seed) units" if results.get("warm_seeds", 1) > 1 else "seeds")
+    notes = [f"Held-out accuracy: sampled avg@k on fixed test problems, in points, mean ± std over {over} [95% CI "
              f"half-width]; Δ: difference of means vs {ref_name} [Welch 95% CI]; matched step: the fewest updates "
              f"any run of that credit or of {ref_name} made (accuracy interpolated between evaluations); "
              f"ref = {ref_name} final mean ({ref * 100:.1f})." if ref is not None else ""]

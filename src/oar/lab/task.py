@@ -10,6 +10,12 @@ Every character of the completion carries a label (one char = one token with the
 ``STRUCTURE`` (operators, ``=``, separators), ``FILLER`` (answer-irrelevant padding, the verbosity knob),
 ``ANSWER`` (the final ``\\boxed{...}`` statement) and ``DISTRACTOR`` (answer-irrelevant commentary that holds
 numbers, e.g. ``check 17``, the ``distractors`` knob: digits the answer never uses).
+
+The ``phrasing`` knob writes the same chain in words (the language-model lab's option, docs/lab.md)::
+
+    57 plus 8 is 65. ok. 65 minus 6 is 59. fine. 59 plus 9 is 68. next. So the answer is \\boxed{68}
+
+with the same labels on the same kinds of text.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ FILLERS: tuple[str, ...] = (
 # answer-irrelevant commentary holding a number (the number is never a value of the problem's chain)
 DISTRACTORS: tuple[str, ...] = ("check {n}", "not {n}", "about {n}", "{n} is close", "maybe {n}", "skip {n}")
 STEP_SEP = "; "
+PHRASINGS = ("symbols", "words")
+_WORDS = {"+": " plus ", "-": " minus "}  # the words phrasing's operators; "=" is " is ", the separator ". "
+WORDS_SEP, WORDS_CONCLUDE = ". ", "So the answer is "
 BOXED = "\\boxed{"  # opens the answer statement; also the lab's conclude text (the probe's, the trainer's)
 
 
@@ -43,6 +52,8 @@ class TaskConfig:
     ``slip_rate``: probability that a step's written result is off by 1-3 (later steps continue from the
     wrong value), used only for warm-start demonstrations; problems for RL and evaluation are clean.
     ``distractors``: number-holding commentary phrases after each step (labelled ``DISTRACTOR``).
+    ``phrasing``: ``"symbols"`` (``57+8=65; ``) or ``"words"`` (``57 plus 8 is 65. ``, ending ``So the answer is
+    \\boxed{68}``).
     """
 
     min_steps: int = 2
@@ -54,6 +65,7 @@ class TaskConfig:
     verbosity: int = 1
     slip_rate: float = 0.0
     distractors: int = 0
+    phrasing: str = "symbols"
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps:
@@ -68,17 +80,25 @@ class TaskConfig:
             raise ValueError(f"slip_rate must be in [0, 1), got {self.slip_rate}")
         if self.distractors < 0:
             raise ValueError(f"distractors must be >= 0, got {self.distractors}")
+        if self.phrasing not in PHRASINGS:
+            raise ValueError(f"phrasing must be one of {PHRASINGS}, got {self.phrasing!r}")
 
     def key_fields(self) -> dict:
         """The fields that identify the task (knobs added later count only when set, so earlier tasks, their
         splits and their cached warm starts keep their keys)."""
-        return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
+        return recorded_task(asdict(self))
 
     def key(self) -> str:
         return hashlib.sha1(repr(sorted(self.key_fields().items())).encode()).hexdigest()[:12]
 
 
-_LATER_KNOBS = {"distractors": 0}
+_LATER_KNOBS = {"distractors": 0, "phrasing": "symbols"}
+
+
+def recorded_task(task: dict) -> dict:
+    """A task as a run records it (``asdict``), without the knobs added later at their defaults: what a run made
+    before a knob existed recorded (a finished run it still is, under ``--resume``)."""
+    return {k: v for k, v in task.items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
 @dataclass(frozen=True)
@@ -123,14 +143,18 @@ def _solve(rng: random.Random, cfg: TaskConfig, start: int, ops: list[tuple[str,
     parts: list[tuple[str, int]] = []
     values = _chain(rng, cfg, start, ops)
     unused = [v for v in range(cfg.max_value + 1) if v not in set(values) | {b for _, b in ops}]
+    words = cfg.phrasing == "words"
+    sep = WORDS_SEP if words else STEP_SEP
     for (op, b), value, result in zip(ops, values, values[1:], strict=False):
-        parts += [(str(value), PIVOTAL), (op, STRUCTURE), (str(b), PIVOTAL), ("=", STRUCTURE),
-                  (str(result), PIVOTAL), (STEP_SEP, STRUCTURE)]
+        parts += [(str(value), PIVOTAL), (_WORDS[op] if words else op, STRUCTURE), (str(b), PIVOTAL),
+                  (" is " if words else "=", STRUCTURE), (str(result), PIVOTAL), (sep, STRUCTURE)]
         for _ in range(cfg.verbosity):
-            parts += [(rng.choice(FILLERS), FILLER), (STEP_SEP, STRUCTURE)]
+            parts += [(rng.choice(FILLERS), FILLER), (sep, STRUCTURE)]
         for _ in range(cfg.distractors):
             n = rng.choice(unused)
-            parts += [(rng.choice(DISTRACTORS).format(n=n), DISTRACTOR), (STEP_SEP, STRUCTURE)]
+            parts += [(rng.choice(DISTRACTORS).format(n=n), DISTRACTOR), (sep, STRUCTURE)]
+    if words:
+        parts.append((WORDS_CONCLUDE, STRUCTURE))
     parts.append((BOXED + str(values[-1]) + "}", ANSWER))
     text = "".join(t for t, _ in parts)
     labels = [lab for t, lab in parts for _ in t]
@@ -151,10 +175,13 @@ def make_problem(rng: random.Random, cfg: TaskConfig) -> LabProblem:
 def max_completion_chars(cfg: TaskConfig) -> int:
     """An upper bound on the length of any worked solution of ``cfg`` (characters = lab tokens)."""
     digits = len(str(cfg.max_value))
-    step = 2 * digits + len(str(cfg.max_operand)) + 2 + len(STEP_SEP)
-    step += cfg.verbosity * (max(map(len, FILLERS)) + len(STEP_SEP))
-    step += cfg.distractors * (max(len(d.format(n=cfg.max_value)) for d in DISTRACTORS) + len(STEP_SEP))
-    return cfg.max_steps * step + len(BOXED) + digits + 1
+    words = cfg.phrasing == "words"
+    sep = len(WORDS_SEP if words else STEP_SEP)
+    ops = max(map(len, _WORDS.values())) + len(" is ") if words else 2
+    step = 2 * digits + len(str(cfg.max_operand)) + ops + sep
+    step += cfg.verbosity * (max(map(len, FILLERS)) + sep)
+    step += cfg.distractors * (max(len(d.format(n=cfg.max_value)) for d in DISTRACTORS) + sep)
+    return cfg.max_steps * step + (len(WORDS_CONCLUDE) if words else 0) + len(BOXED) + digits + 1
 
 
 def make_split(cfg: TaskConfig, split: str, n: int, seed: int = 0) -> list[LabProblem]:
@@ -181,9 +208,23 @@ def is_test_prompt(prompt: str) -> bool:
     return hashlib.md5(prompt.encode()).digest()[0] % 8 == 0
 
 
-# one written step "a±b=c" (groups: a, sign, b, c) and one operation of a prompt ("±b")
+# one written step "a±b=c" (groups: a, sign, b, c) and one operation of a prompt ("±b"); in words, "a plus b is c"
 STEP_RE = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
+WORDS_STEP_RE = re.compile(r"(\d+) (plus|minus) (\d+) is (\d+)")
 OP_RE = re.compile(r"([+-])(\d+)")
+
+
+def written_steps(text: str) -> list[re.Match]:
+    """The written steps of ``text`` in order, in either phrasing (``a±b=c`` or ``a plus b is c``); groups 1-4 of
+    each match are a, the operator, b and c."""
+    return sorted([*STEP_RE.finditer(text), *WORDS_STEP_RE.finditer(text)], key=lambda m: m.start())
+
+
+def lab_prompt(text: str) -> str:
+    """The lab prompt (``57+8-6+9=``) inside ``text`` (e.g. a chat-template prompt: its last such chain), else
+    ``text`` itself."""
+    found = re.findall(r"\d+(?:[+-]\d+)+=", text)
+    return found[-1] if found else text
 
 
 def first_wrong_step(prompt: str, completion: str) -> tuple[int, int] | None:
@@ -198,8 +239,9 @@ def first_wrong_step(prompt: str, completion: str) -> tuple[int, int] | None:
     if head is None:
         return None
     value, ops = int(head.group(1)), OP_RE.findall(prompt[head.end():])
-    for i, m in enumerate(STEP_RE.finditer(completion)):
-        a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+    for i, m in enumerate(written_steps(completion)):
+        a, op, b, c = int(m.group(1)), {"plus": "+", "minus": "-"}.get(m.group(2), m.group(2)), int(m.group(3)), \
+            int(m.group(4))
         expected_op = ops[i] if i < len(ops) else None
         right = (a == value and expected_op == (op, str(b)) and c == (a + b if op == "+" else a - b))
         if not right:
@@ -211,7 +253,7 @@ def first_wrong_step(prompt: str, completion: str) -> tuple[int, int] | None:
 def step_digit_positions(text: str) -> list[int]:
     """Character positions of the digits of every written step ``a±b=c`` in ``text`` (operands and results: the
     tokens the answer is computed from, the ``PIVOTAL`` label of a worked solution, for any sampled text)."""
-    return [i for m in STEP_RE.finditer(text) for g in (1, 3, 4) for i in range(m.start(g), m.end(g))]
+    return [i for m in written_steps(text) for g in (1, 3, 4) for i in range(m.start(g), m.end(g))]
 
 
 # the role of each character of a worked solution, finer than the labels: pivotal digits split by their role in a±b=c
@@ -278,6 +320,8 @@ def extract_int(completion: str) -> int | None:
     return int(text) if text.lstrip("-").isdigit() else None
 
 
-def lab_reward(completions: list[str], answer: list[int], **_) -> list[float]:
-    """Binary exact-match reward in TRL's reward-function signature: 1.0 iff the boxed integer is right."""
-    return [float(extract_int(c) == int(a)) for c, a in zip(completions, answer, strict=True)]
+def lab_reward(completions: list, answer: list[int], **_) -> list[float]:
+    """Binary exact-match reward in TRL's reward-function signature: 1.0 iff the boxed integer is right.
+    A completion is a text or, for chat prompts, TRL's message list (its last message's content is read)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(extract_int(c) == int(a)) for c, a in zip(texts, answer, strict=True)]

@@ -1,0 +1,51 @@
+"""oar train's CPU defaults (docs/results/lm_step.md): no gradient checkpointing, bf16 autocast over fp32 weights
+where the CPU has fast bf16, rollouts from a bf16 copy in one process; every one can still be set."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oar.train_run import cpu_defaults, parse_train_args
+
+FAST_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+ARGS = ["--model", "smollm2", "--dataset", "easy-arithmetic"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU defaults apply on a machine without CUDA")
+def test_cpu_defaults_and_overrides(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    _, config = parse_train_args([*ARGS, "--output_dir", str(tmp_path)])
+    assert config.use_cpu and not config.gradient_checkpointing
+    assert config.bf16 == FAST_BF16
+    assert config.oar_rollout_dtype == ("bfloat16" if FAST_BF16 else None)
+    _, config = parse_train_args([*ARGS, "--output_dir", str(tmp_path), "--gradient_checkpointing", "true",
+                                  "--bf16", "false", "--oar_rollout_dtype", "float32"])
+    assert config.gradient_checkpointing and not config.bf16 and config.oar_rollout_dtype == "float32"
+
+
+def test_no_rollout_copy_by_default_under_several_processes(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cpu_defaults()["oar_rollout_dtype"] is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cpu_defaults()["oar_rollout_dtype"] == ("bfloat16" if FAST_BF16 else None)
+
+
+def test_the_bundled_dataset_reads_like_a_file():
+    from oar.easy_arithmetic import EASY_ARITHMETIC_ROWS, easy_arithmetic_rows
+    from oar.train_data import read_train_dataset
+
+    ds = read_train_dataset("easy-arithmetic")
+    assert len(ds) == EASY_ARITHMETIC_ROWS and ds[0] == easy_arithmetic_rows()[0]
+    rows = easy_arithmetic_rows(60, seed=3)
+    assert rows == easy_arithmetic_rows(60, seed=3) != easy_arithmetic_rows(60, seed=4)
+    for r in rows:  # every answer is the value of its question
+        nums = [int(t) for t in r["problem"].replace("?", " ").replace(".", " ").split() if t.isdigit()]
+        ops = r["problem"]
+        if ops.startswith("What is"):
+            want = nums[0] + nums[1] if "+" in ops else nums[0] - nums[1]
+        elif "buys" in ops:
+            want = nums[0] + nums[1] - nums[2]
+        else:
+            want = nums[0] + nums[1] if "more" in ops else nums[0] - nums[1]
+        assert r["answer"] == str(want) and want >= 0
