@@ -65,6 +65,8 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
     if "--config" in argv[:-1]:
         check_config_file(argv[argv.index("--config") + 1], (TrainArguments, OARConfig))
     parser = TrlParser([TrainArguments, OARConfig], prog="oar train")
+    # oar train's live line, whatever transformers' log level (under quiet_libraries it would print log dicts)
+    parser.set_defaults(disable_tqdm=False)
     if not torch.cuda.is_available():
         parser.set_defaults(**cpu_defaults())
     script_args, config = parser.parse_args_and_config(args=argv)
