@@ -134,11 +134,7 @@ def run_setting(name: str, steps: int, prompts: int, group: int, max_len: int, c
     trainer._generate_and_score_completions = count
     with quiet_libraries(False):
         trainer.train()
-    changed = total = 0
-    for n, p in policy.named_parameters():
-        if n in before:
-            changed += int((p.detach() != before[n]).sum())
-            total += p.numel()
+    lost, total = lost_updates(before.values(), config.learning_rate)
     n_params = sum(p.numel() for p in policy.parameters())
     kept = rows[1:] if len(rows) > 1 else rows
     mean = {k: sum(r.get(k, 0.0) for r in kept) / len(kept) for k in ("total", *PARTS, "gen_tokens",
@@ -146,8 +142,23 @@ def run_setting(name: str, steps: int, prompts: int, group: int, max_len: int, c
     mean["other"] = mean["total"] - sum(mean[p] for p in PARTS)
     mean["gen_tokens_per_s"] = mean["gen_tokens"] / mean["generate"] if mean["generate"] else None
     return {"setting": name, "what": SETTINGS[name][0], "steps": rows, "mean": mean, "params": n_params,
-            "frac_params_changed": changed / total if total else None, "credit": credit,
+            "frac_updates_lost": lost / total if total else None, "lr": config.learning_rate, "credit": credit,
             "shape": {"prompts": prompts, "group": group, "max_completion_length": max_len}}
+
+
+def lost_updates(params, lr: float) -> tuple[int, int]:
+    """(parameters an AdamW step of size ``lr`` leaves unchanged, parameters): Adam's first steps move each weight
+    by about ``lr``, and a weight held in its own dtype keeps ``w + lr`` only when ``lr`` is at least half an ulp
+    of ``w`` (bf16 keeps 8 significant bits, fp32 24). Counted in the weights' stored dtype, both directions."""
+    import torch
+
+    lost = total = 0
+    for p in params:
+        w = p.detach()
+        step = torch.full_like(w, lr)
+        lost += int(((w + step == w) & (w - step == w)).sum())
+        total += w.numel()
+    return lost, total
 
 
 def bounds(result: dict, peaks: dict) -> dict:
@@ -173,7 +184,7 @@ def markdown(results: list[dict], peaks: dict) -> str:
         f"This core: matmul {peaks['matmul_gflops_float32']:.0f} GFLOP/s fp32, "
         f"{peaks['matmul_gflops_bfloat16']:.0f} GFLOP/s bf16; copy {peaks['copy_gbps']:.1f} GB/s.", "",
         "| setting | step | generate | tok/s | reward | credit | forward | backward | optimizer | other |"
-        " FLOP bound (bf16) | params changed |",
+        " FLOP bound (bf16) | AdamW steps lost |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -182,7 +193,7 @@ def markdown(results: list[dict], peaks: dict) -> str:
             f"| {r['setting']} | {m['total']:.1f} | {m['generate']:.1f} | {m['gen_tokens_per_s']:.0f} | "
             f"{m['reward']:.2f} | {m['credit']:.2f} | {m['forward']:.1f} | {m['backward']:.1f} | "
             f"{m['optimizer']:.2f} | {m['other']:.1f} | {b['bound_s_bf16']:.1f} | "
-            f"{100 * r['frac_params_changed']:.1f} % |")
+            f"{100 * r['frac_updates_lost']:.1f} % at lr {r['lr']:g} |")
     lines += ["", "Settings:", *[f"- `{r['setting']}`: {r['what']}" for r in results]]
     return "\n".join(lines) + "\n"
 

@@ -271,9 +271,9 @@ def summarize_run(records: list[dict[str, Any]], train_metrics: dict[str, Any], 
               resumed_from: str | None = None) -> dict[str, Any]:
     """Final numbers of a run from its ``metrics.jsonl`` records and TRL's ``train()`` metrics."""
 
-    def mean(key: str, last: int | None = None) -> float | None:
+    def mean(key: str, last: int | None = None, first: int | None = None) -> float | None:
         vals = [r[key] for r in records if isinstance(r.get(key), int | float)]
-        vals = vals[-last:] if last else vals
+        vals = vals[-last:] if last else vals[:first] if first else vals
         return sum(vals) / len(vals) if vals else None
 
     return {
@@ -283,6 +283,7 @@ def summarize_run(records: list[dict[str, Any]], train_metrics: dict[str, Any], 
         "resumed_from": resumed_from,
         "train_runtime_s": train_metrics.get("train_runtime"),
         "reward_first": next((r["reward"] for r in records if isinstance(r.get("reward"), int | float)), None),
+        "reward_first10": mean("reward", first=10),
         "reward_last10": mean("reward", 10),
         "step_time_mean_s": mean("step_time"),
         "importance_share_mean": mean("oar/importance_share"),
