@@ -12,7 +12,6 @@ paces ``oar_dump_every``, so a resumed run draws exactly what the uninterrupted 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
