@@ -478,5 +478,5 @@ def test_warm_seeds_make_warm_start_by_rl_seed_units(tmp_path):
     assert res["credits"]["grpo"]["final_accuracy"]["n"] == 2  # two units
     assert first["credits"]["grpo"]["final_accuracy"]["n"] == 1
     assert "(warm start, RL seed) units" in (tmp_path / "out" / "results.md").read_text()
-    with pytest.raises(ValueError, match="warm_seeds must be >= 1"):
+    with pytest.raises(ValueError, match="warm_seeds must be between 1 and 1000"):
         compare(tmp_path / "bad", _tiny_base(), ("grpo",), seeds=1, warm_seeds=0)
