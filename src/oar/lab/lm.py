@@ -35,9 +35,8 @@ from oar.lab.task import (
     STRUCTURE,
     LabProblem,
     TaskConfig,
-    is_test_prompt,
-    make_problem,
 )
+from oar.lab.warmstart import train_batch, warmup_cosine
 from oar.progress import ProgressLines
 
 LM_CACHE_VERSION = 1
@@ -187,25 +186,14 @@ def train_lm_sft(cfg: LMWarmStartConfig, progress: bool = True, report: Callable
     params = [p for p in trained.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        t = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps, cfg.warmup, cfg.min_lr_ratio))
     rng = random.Random(f"lm-sft:{cfg.seed}")
     losses: list[float] = []
     row = "warm start (SFT)"
     lines = ProgressLines({row: cfg.steps}, enabled=progress and report is None)
     t0 = time.perf_counter()
     for step in range(cfg.steps):
-        batch = []
-        while len(batch) < cfg.batch_size:
-            p = make_problem(rng, cfg.task)
-            if not is_test_prompt(p.prompt):
-                batch.append(p)
-        ids, mask, labels = sft_rows(tok, batch)
+        ids, mask, labels = sft_rows(tok, train_batch(rng, cfg.task, cfg.batch_size))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = sft_loss(trained, ids, mask, labels)
         opt.zero_grad(set_to_none=True)

@@ -61,6 +61,29 @@ def sft_batch(tokenizer, problems, device="cpu") -> tuple[torch.Tensor, torch.Te
     return ids.to(device), mask.to(device), labels.to(device)
 
 
+def warmup_cosine(steps: int, warmup: int, min_lr_ratio: float) -> Callable[[int], float]:
+    """The SFT learning-rate factor per step: linear warm-up over ``warmup`` steps, then cosine down to
+    ``min_lr_ratio`` at ``steps`` (for ``torch.optim.lr_scheduler.LambdaLR``)."""
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        t = (step - warmup) / max(steps - warmup, 1)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+    return lr_at
+
+
+def train_batch(rng: random.Random, task, batch_size: int) -> list:
+    """``batch_size`` fresh problems of ``task`` drawn from ``rng``, none with a held-out prompt."""
+    batch = []
+    while len(batch) < batch_size:
+        p = make_problem(rng, task)
+        if not is_test_prompt(p.prompt):
+            batch.append(p)
+    return batch
+
+
 def train_sft(cfg: WarmStartConfig, progress: bool = True, report: Callable[..., None] | None = None):
     """Run the SFT recipe from scratch; returns ``(model, tokenizer, info)`` with the loss curve in ``info``.
 
@@ -71,24 +94,13 @@ def train_sft(cfg: WarmStartConfig, progress: bool = True, report: Callable[...,
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        t = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps, cfg.warmup, cfg.min_lr_ratio))
     rng = random.Random(f"sft:{cfg.seed}")
     losses = []
     t0 = time.perf_counter()
     lines = ProgressLines({"warm start (SFT)": cfg.steps}, enabled=progress and report is None)
     for step in range(cfg.steps):
-        batch = []
-        while len(batch) < cfg.batch_size:
-            p = make_problem(rng, cfg.task)
-            if not is_test_prompt(p.prompt):
-                batch.append(p)
-        ids, mask, labels = sft_batch(tok, batch)
+        ids, mask, labels = sft_batch(tok, train_batch(rng, cfg.task, cfg.batch_size))
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
