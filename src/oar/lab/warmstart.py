@@ -17,7 +17,7 @@ import torch
 from oar.cache import cache_dir as oar_cache_dir
 from oar.files import replace_dir
 from oar.lab.model import ModelConfig, build_model, lab_tokenizer
-from oar.lab.task import TaskConfig, is_test_prompt, make_problem
+from oar.lab.task import LabProblem, TaskConfig, is_test_prompt, make_problem
 from oar.progress import ProgressLines
 
 CACHE_VERSION = 1
@@ -74,7 +74,7 @@ def warmup_cosine(steps: int, warmup: int, min_lr_ratio: float) -> Callable[[int
     return lr_at
 
 
-def train_batch(rng: random.Random, task, batch_size: int) -> list:
+def train_batch(rng: random.Random, task: TaskConfig, batch_size: int) -> list[LabProblem]:
     """``batch_size`` fresh problems of ``task`` drawn from ``rng``, none with a held-out prompt."""
     batch = []
     while len(batch) < batch_size:
