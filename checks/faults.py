@@ -104,6 +104,12 @@ def _kill_when(proc: subprocess.Popen, out: Path, kill: str, rng: random.Random,
         if kill == "final" and (out / ".model-staging").exists():
             break
         time.sleep(0.01)
+    return _sigkill(proc, kill)
+
+
+def _sigkill(proc: subprocess.Popen, kill: str) -> str:
+    """SIGKILL ``proc`` if it still runs and wait for it; ``kill`` (the moment chosen) or 'finished' when it had
+    ended first."""
     if proc.poll() is not None:
         return "finished"
     proc.send_signal(signal.SIGKILL)
@@ -194,10 +200,7 @@ def eval_trial(root: Path, n: int, kill: str, reference: Path, rng: random.Rando
             time.sleep(rng.uniform(0.0, 1.0))
             break
         time.sleep(0.01)
-    happened = kill if proc.poll() is None else "finished"
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    happened = _sigkill(proc, kill)
     at_kill = _sample_lines(out)
     done = subprocess.run(_eval_cmd(root, out), env=_env(), capture_output=True, text=True)
     row = {"command": "eval", "kill": kill, "happened": happened, "samples_at_kill": len(at_kill),
@@ -259,10 +262,7 @@ def compare_trial(root: Path, n: int, kill: str, reference: Path, rng: random.Ra
         if kill == "after-run" and any((d / "summary.json").is_file() for d in dirs):
             break
         time.sleep(0.02)
-    happened = kill if proc.poll() is None else "finished"
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    happened = _sigkill(proc, kill)
     time.sleep(1.5)  # the workers notice their parent is gone within 0.5 s
     finished = {d.name: (d / "metrics.jsonl").read_bytes() for d in _run_dirs(out) if (d / "summary.json").is_file()}
     before = _snapshot(out) if out.is_dir() else {}
