@@ -319,9 +319,12 @@ def test_terminal_summary_is_compact_and_names_both_differences(tmp_path):
 
 
 def test_headroom_stats_by_hand():
-    from oar.lab.stats import first_reach, mean_accuracy_until, ratio_ci
+    from oar.lab.stats import accuracy_at, first_reach, mean_accuracy_until, ratio_ci
 
     curve = [(0, 0.0, 0.2), (10, 5.0, 0.4), (20, 10.0, 0.4)]
+    assert accuracy_at(curve, 5) == pytest.approx(0.3) and accuracy_at(curve, 2.5, axis=1) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="second 11 is outside"):
+        accuracy_at(curve, 11, axis=1)
     assert mean_accuracy_until(curve, 20) == pytest.approx((0.3 * 10 + 0.4 * 10) / 20)
     assert mean_accuracy_until(curve, 15) == pytest.approx((0.3 * 10 + 0.4 * 5) / 15)
     assert mean_accuracy_until(curve, 5.0, axis=1) == pytest.approx(0.3)

@@ -40,12 +40,13 @@ def diff_ci(a: list[float], b: list[float]) -> dict[str, float]:
     return {"mean": diff, "ci95": t_quantile(int(df)) * se, "n": min(sa["n"], sb["n"])}
 
 
-def accuracy_at(curve: list[tuple[int, float, float]], step: float) -> float:
-    """Held-out accuracy of one run after ``step`` updates, linearly interpolated between its evaluations."""
-    steps, accs = [s for s, _, _ in curve], [a for _, _, a in curve]
-    if not steps[0] <= step <= steps[-1]:
-        raise ValueError(f"step {step} is outside the evaluated range {steps[0]}..{steps[-1]}")
-    return float(np.interp(step, steps, accs))
+def accuracy_at(curve: list[tuple[int, float, float]], at: float, axis: int = 0) -> float:
+    """Held-out accuracy of one run at ``at`` along ``axis`` (0: updates, 1: training seconds), linearly
+    interpolated between its evaluations; ValueError outside the evaluated range."""
+    x, y = [p[axis] for p in curve], [p[2] for p in curve]
+    if not x[0] <= at <= x[-1]:
+        raise ValueError(f"{('step', 'second')[axis]} {at} is outside the evaluated range {x[0]}..{x[-1]}")
+    return float(np.interp(at, x, y))
 
 
 def _points(curve: list[tuple[int, float, float]], axis: int) -> tuple[np.ndarray, np.ndarray]:

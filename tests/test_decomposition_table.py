@@ -1,0 +1,60 @@
+"""The decomposition study's table (docs/studies/decomposition/table.py): the grid, both views and the verdicts."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from oar.lab.compare import run_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _table():
+    spec = importlib.util.spec_from_file_location("decomposition_table", ROOT / "docs/studies/decomposition/table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(runs: Path, column: str, w: int, seed: int, accs: list[float], seconds_per_eval: float) -> None:
+    """A finished run: evaluations every 10 updates, ``seconds_per_eval`` training seconds apart."""
+    path = runs / run_name(column, w, seed)
+    path.mkdir(parents=True)
+    rows = [{"step": 10 * i, "wall_time": seconds_per_eval * i, "eval/accuracy": a, "eval/greedy_accuracy": a,
+             "eval/pass_at_k": a, **({"step_time": 1.0} if i else {})} for i, a in enumerate(accs)]
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (path / "summary.json").write_text("{}")
+
+
+def test_grid_views_and_verdicts(tmp_path):
+    t = _table()
+    for w in range(2):
+        for s in range(2):
+            jitter = 0.01 * (2 * w + s)
+            _run(tmp_path, "grpo", w, s, [0.2, 0.25, 0.3 + jitter], 5.0)
+            _run(tmp_path, "oracle-oar@rule=sign", w, s, [0.2, 0.4, 0.6 + jitter], 5.0)
+            _run(tmp_path, "oracle-oar@rule=bilevel", w, s, [0.2, 0.25, 0.3 - jitter], 5.0)
+            # twice GRPO's cost: at GRPO's 10 seconds it has made half its updates (accuracy 0.35)
+            _run(tmp_path, "oar-g@rule=sign", w, s, [0.2, 0.35, 0.45 + jitter], 10.0)
+    _run(tmp_path, "oar-g@rule=step", 0, 0, [0.2, 0.2, 0.2], 5.0)  # an unfinished column: 1 of 4 units
+    (tmp_path / run_name("oar-g@rule=step", 0, 1)).mkdir()  # a run that never finished is left out
+    dirs = t.finished_runs(tmp_path, warm_seeds=2, seeds=2)
+    assert ("oar-g@rule=step", "w0-s0") in dirs and ("oar-g@rule=step", "w0-s1") not in dirs
+    d = t.decompose(dirs)
+    rows = d["rows"]
+    assert d["best_perfect"] == "oracle-oar@rule=sign"
+    assert rows["oracle-oar@rule=sign"]["equal_updates"]["mean"] == pytest.approx(0.3)
+    assert rows["oar-g@rule=sign"]["equal_updates"]["mean"] == pytest.approx(0.15)
+    assert rows["oar-g@rule=sign"]["equal_seconds"]["mean"] == pytest.approx(0.35 - (0.3 + 0.015))
+    assert rows["oar-g@rule=sign"]["efficiency_updates"]["mean"] == pytest.approx(0.5)
+    assert rows["oar-g@rule=sign"]["cost_vs_grpo"] == pytest.approx(2.0)
+    assert d["verdicts"]["perfect@sign"] == "turns perfect importance into gain"
+    assert d["verdicts"]["perfect@bilevel"] == "no gain shown" and d["verdicts"]["perfect@process"] is None
+    assert d["verdicts"]["OAR-G@sign"] == "keeps a share"
+    text = t.markdown(d, units=4)
+    assert "| perfect | -3.0 [" in text  # bilevel: 0.3 - j against GRPO's 0.3 + j, j = 0.015 on average
+    assert "(1/4 units)" in text and "not run" in text
+    t.plot(d, tmp_path / "decomposition.png")
+    assert (tmp_path / "decomposition.png").stat().st_size > 1000
