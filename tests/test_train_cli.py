@@ -376,3 +376,45 @@ def test_max_train_samples_below_one_is_refused_before_any_model_loads(workspace
 
     with pytest.raises(ValueError, match="max_train_samples must be an integer >= 1"):
         read_train_dataset(str(root / "add.jsonl"), "question", "gold", max_samples=int(value))
+
+
+def test_worked_examples_open_every_prompt_and_are_not_trained_on(tmp_path):
+    rows = [{"problem": f"{i}+1=", "answer": str(i + 1), "solution": f"{i}+1={i + 1}, \\boxed{{{i + 1}}}"}
+            for i in range(4)]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chat = load_train_dataset(str(path), prompt_template="Q: {question}", conversational=True, worked_examples=2)
+    assert len(chat) == 2 and chat[0]["answer"] == "3"  # rows 0 and 1 are the examples
+    assert chat[0]["prompt"] == [
+        {"role": "user", "content": "Q: 0+1="}, {"role": "assistant", "content": "0+1=1, \\boxed{1}"},
+        {"role": "user", "content": "Q: 1+1="}, {"role": "assistant", "content": "1+1=2, \\boxed{2}"},
+        {"role": "user", "content": "Q: 2+1="}]
+    text = load_train_dataset(str(path), prompt_template="Q: {question}", worked_examples=1)
+    assert text[0]["prompt"] == "Q: 0+1=\n0+1=1, \\boxed{1}\n\nQ: 1+1=" and len(text) == 3
+    assert load_train_dataset(str(path), prompt_template="Q: {question}")[0]["prompt"] == "Q: 0+1="
+    for n in (4, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"worked_examples must be an integer in 0\.\.3"):
+            load_train_dataset(str(path), worked_examples=n)
+    with pytest.raises(ValueError, match="solution column 'steps'"):
+        load_train_dataset(str(path), worked_examples=1, solution_column="steps")
+
+
+def test_worked_examples_errors_come_before_any_model_loads(workspace, capsys, tmp_path):
+    root, config = workspace
+    for extra, message in ((["--worked_examples", "-1"], "worked_examples must be >= 0, got -1"),
+                           (["--worked_examples", "1"], "worked_examples needs a solution column 'solution'")):
+        code = main(["train", "--config", str(config), "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+                     "--model", str(tmp_path / "no-such-model"), *extra])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing written
+
+
+def test_the_bundled_solutions_box_their_own_answers():
+    from oar.easy_arithmetic import easy_arithmetic_rows
+    from oar.grading import math_reward
+
+    rows = easy_arithmetic_rows(90, seed=5)
+    assert math_reward(None, [r["solution"] for r in rows], [r["answer"] for r in rows]) == [1.0] * 90
+    wrong = [str(int(r["answer"]) + 1) for r in rows]
+    assert math_reward(None, [r["solution"] for r in rows], wrong) == [0.0] * 90

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 QUESTION_COLUMN = "problem"  # raw row: the problem text, filled into {question}
 ANSWER_COLUMN = "answer"  # raw row: the gold answer (a boxed solution or "#### n" is fine)
+SOLUTION_COLUMN = "solution"  # raw row: a worked solution, shown as an example turn (oar train --worked_examples)
 PLACEHOLDER = "{question}"
 PROMPT_TEMPLATE = PLACEHOLDER + "\nPlease reason step by step, and put your final answer within \\boxed{}."
 

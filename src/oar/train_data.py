@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, fill_template
+from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, SOLUTION_COLUMN, fill_template
 
 
 def _gold(value: Any) -> str:
@@ -212,14 +213,40 @@ def _check_rows(source: str, prompts: list, answers: list, prompt_column: str, a
             raise ValueError(f"dataset {source!r} {at}: column {answer_column!r} has no answer, got {answer!r}")
 
 
+def split_worked_examples(ds, n: int, prompt_column: str = QUESTION_COLUMN,
+                          solution_column: str = SOLUTION_COLUMN) -> tuple[list[tuple[str, str]], Any]:
+    """The first ``n`` rows of a checked raw dataset as ``(question, solution)`` pairs, and the other rows (the
+    examples are not trained on). ValueError, before any model loads, when ``n`` is not in ``0..rows-1``, the
+    column is missing, or an example's solution is not non-empty text."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < len(ds):
+        raise ValueError(f"worked_examples must be an integer in 0..{len(ds) - 1} (fewer than the dataset's "
+                         f"{len(ds)} rows), got {n!r}")
+    if n == 0:
+        return [], ds
+    if solution_column not in ds.column_names:
+        raise ValueError(f"worked_examples needs a solution column {solution_column!r} (solution_column); "
+                         f"columns: {ds.column_names}")
+    head = ds.select(range(n))
+    examples = list(zip(head[prompt_column], head[solution_column], strict=True))
+    for i, (_, solution) in enumerate(examples, 1):
+        if not isinstance(solution, str) or not solution.strip():
+            raise ValueError(f"worked example {i}: column {solution_column!r} must be non-empty text, got {solution!r}")
+    return examples, ds.select(range(n, len(ds)))
+
+
 def format_train_dataset(ds, prompt_column: str = QUESTION_COLUMN, answer_column: str = ANSWER_COLUMN,
-                         prompt_template: str = PROMPT_TEMPLATE, conversational: bool = False):
-    """The columns ``prompt`` (text, or a one-turn chat) and ``answer`` (gold text, whatever the raw column's type) of
-    a checked raw dataset."""
+                         prompt_template: str = PROMPT_TEMPLATE, conversational: bool = False,
+                         examples: Sequence[tuple[str, str]] = ()):
+    """The columns ``prompt`` (text, or a chat) and ``answer`` (gold text, whatever the raw column's type) of a
+    checked raw dataset. ``examples``: ``(question, solution)`` pairs shown before every problem, each question
+    through the template: as user/assistant turns in a chat, else as text blocks separated by blank lines."""
+    turns = [(fill_template(prompt_template, str(q)), a) for q, a in examples]
+    head = [{"role": role, "content": text} for q, a in turns for role, text in (("user", q), ("assistant", a))]
+    prefix = "".join(f"{q}\n{a}\n\n" for q, a in turns)
 
     def convert(row: dict[str, Any]) -> dict[str, Any]:
         text = fill_template(prompt_template, str(row[prompt_column]))
-        prompt = [{"role": "user", "content": text}] if conversational else text
+        prompt = [*head, {"role": "user", "content": text}] if conversational else prefix + text
         return {"prompt": prompt, _GOLD: _gold(row[answer_column])}
 
     # a new column name: ``map`` would cast a column named like a raw one back to the raw type (int64, float64)
@@ -238,8 +265,12 @@ def load_train_dataset(
     split: str = "train",
     config_name: str | None = None,
     max_samples: int | None = None,
+    worked_examples: int = 0,
+    solution_column: str = SOLUTION_COLUMN,
 ):
-    """:func:`read_train_dataset` then :func:`format_train_dataset`: a ``datasets.Dataset`` with the columns
+    """:func:`read_train_dataset`, :func:`split_worked_examples` (the first ``worked_examples`` rows shown before
+    every problem, not trained on), then :func:`format_train_dataset`: a ``datasets.Dataset`` with the columns
     ``prompt`` and ``answer``."""
     ds = read_train_dataset(source, prompt_column, answer_column, split, config_name, max_samples)
-    return format_train_dataset(ds, prompt_column, answer_column, prompt_template, conversational)
+    examples, ds = split_worked_examples(ds, worked_examples, prompt_column, solution_column)
+    return format_train_dataset(ds, prompt_column, answer_column, prompt_template, conversational, examples)

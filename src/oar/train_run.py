@@ -17,10 +17,10 @@ from transformers import TrainerCallback
 from oar.checkpoints import checkpoint_dirs, checkpoint_step, resume_checkpoint, save_final_model
 from oar.config_file import check_config_file
 from oar.files import check_writable_dir
-from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, check_template
+from oar.prompts import ANSWER_COLUMN, PROMPT_TEMPLATE, QUESTION_COLUMN, SOLUTION_COLUMN, check_template
 from oar.rundir import RunDir
 from oar.rundir_callback import RunDirCallback
-from oar.train_data import format_train_dataset, read_train_dataset
+from oar.train_data import format_train_dataset, read_train_dataset, split_worked_examples
 from oar.trainer import DEPRECATED_OPTION_FIELDS, OARConfig, stored_credit
 
 
@@ -51,6 +51,13 @@ class TrainArguments:
                           "'true' or 'false'."},
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N rows."})
+    worked_examples: int = field(
+        default=0, metadata={"help": "Show the first N rows, solved (--solution_column), before every problem "
+                                     "(chat turns when conversational); they are not trained on."}
+    )
+    solution_column: str = field(
+        default=SOLUTION_COLUMN, metadata={"help": "Column with a worked solution (for --worked_examples)."}
+    )
     resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in output_dir."})
 
 
@@ -75,6 +82,8 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
         raise ValueError(f"max_train_samples must be >= 1 (or unset: every row), got {script_args.max_train_samples}")
     if script_args.conversational not in ("auto", "true", "false"):
         raise ValueError(f"conversational must be 'auto', 'true' or 'false', got {script_args.conversational!r}")
+    if isinstance(script_args.worked_examples, bool) or script_args.worked_examples < 0:
+        raise ValueError(f"worked_examples must be >= 0, got {script_args.worked_examples}")
     check_template(script_args.prompt_template)
     return script_args, config
 
@@ -155,13 +164,15 @@ def build_trainer(script_args: TrainArguments, config: OARConfig, reward_funcs=N
         script_args.dataset, script_args.prompt_column, script_args.answer_column, script_args.dataset_split,
         script_args.dataset_config, script_args.max_train_samples,
     )
+    examples, raw = split_worked_examples(raw, script_args.worked_examples, script_args.prompt_column,
+                                          script_args.solution_column)
     model, tokenizer = load_model_and_tokenizer(script_args.model, dtype=script_args.dtype,
                                                 gguf_file=script_args.gguf_file)
     conversational = script_args.conversational == "true" or (
         script_args.conversational == "auto" and getattr(tokenizer, "chat_template", None) is not None
     )
     dataset = format_train_dataset(raw, script_args.prompt_column, script_args.answer_column,
-                                   script_args.prompt_template, conversational)
+                                   script_args.prompt_template, conversational, examples)
     run_info = {"model": script_args.model, "dataset": script_args.dataset, "train_rows": len(dataset),
                 "train_args": _train_args(script_args)}
     trainer = OARGRPOTrainer(
