@@ -253,9 +253,11 @@ def terminal_summary(results: dict):
     from rich.table import Table
 
     ref = results["reference"]
-    seeds = results.get("seeds", 1)
+    warm = results.get("warm_seeds", 1)
+    units = results.get("seeds", 1) * warm
+    over = f"{units} (warm start, seed) units" if warm > 1 else f"{units} seeds"
     oracle = any(a.get("efficiency_updates") for a in results["credits"].values())
-    table = Table(title="held-out accuracy, points " + (f"(± 95% CI over {seeds} seeds)" if seeds > 1
+    table = Table(title="held-out accuracy, points " + (f"(± 95% CI over {over})" if units > 1
                                                          else "(1 seed: no interval)"),
                   title_justify="left", box=None, pad_edge=False)
     for name in ("credit", "final acc", "Δ same budget", "Δ same updates", "s/step", *(("oracle",) if oracle else ())):
