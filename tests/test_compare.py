@@ -310,8 +310,9 @@ def test_terminal_summary_is_compact_and_names_both_differences(tmp_path):
     assert "oracle" not in console.export_text()
     console = Console(record=True, width=80, color_system=None)
     console.print(terminal_summary({**res, "seeds": 3, "warm_seeds": 2}))  # the unit is (warm start, seed)
-    title = console.export_text().splitlines()[0]
-    assert title == "held-out accuracy, points (± 95% CI over 6 (warm start, seed) units)"
+    text = console.export_text()
+    assert text.splitlines()[0].rstrip() == "held-out accuracy, points (± 95% CI over 6 units)"
+    assert "a unit: a (warm start, RL seed) pair" in " ".join(text.split())
     dirs[("oracle-process", 0)] = _fake_run(tmp_path / "p0", [0.2, 0.5, 0.6, 0.6], 1.0, 0.5)
     dirs[("oracle-process", 1)] = _fake_run(tmp_path / "p1", [0.2, 0.4, 0.5, 0.7], 1.0, 0.5)
     console = Console(record=True, width=80, color_system=None)

@@ -255,7 +255,7 @@ def terminal_summary(results: dict):
     ref = results["reference"]
     warm = results.get("warm_seeds", 1)
     units = results.get("seeds", 1) * warm
-    over = f"{units} (warm start, seed) units" if warm > 1 else f"{units} seeds"
+    over = f"{units} units" if warm > 1 else f"{units} seeds"
     oracle = any(a.get("efficiency_updates") for a in results["credits"].values())
     table = Table(title="held-out accuracy, points " + (f"(± 95% CI over {over})" if units > 1
                                                          else "(1 seed: no interval)"),
@@ -275,7 +275,7 @@ def terminal_summary(results: dict):
     table.caption = (f"Δ: difference of means vs {ref} [Welch 95% CI]; same updates: at the fewest steps any run of "
                      "the pair made (@step)" + (f"; oracle: share of the best oracle's gain, (credit − {ref}) / "
                                                 f"(oracle − {ref}), at the same updates" if oracle else "")
-                     + ". Full table: results.md.")
+                     + ("; a unit: a (warm start, RL seed) pair" if warm > 1 else "") + ". Full table: results.md.")
     table.caption_justify = "left"
     return table
 
