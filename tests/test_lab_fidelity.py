@@ -75,3 +75,30 @@ def test_fidelity_reports_mean_weight_per_token_kind():
         assert all(0.0 < x < 3.0 for x in w), w
     # random scores give each kind of token about its uniform share of the advantage
     assert all(abs(res["random"][f"weight_{k}"] - 1.0) < 0.2 for k in ("pivotal", "structure", "filler"))
+
+
+def test_token_steps_take_each_tokens_step_from_its_characters():
+    from oar.lab.fidelity import token_steps
+    from oar.lab.task import steps_from_end
+
+    text = "3+4=7; 7-2=5; \\boxed{5}"
+    chars = steps_from_end(text, len(text))
+    per_char = [(j, j + 1) for j in range(len(text))]
+    assert token_steps([per_char], [text], len(text) + 2)[0].tolist() == chars + [0, 0]  # eos and padding: 0
+    assert chars[:5] == [2] * 5 and chars[7:12] == [1] * 5
+    merged = [(0, 4), (4, 9), (9, len(text))]  # BPE-like pieces: "7; 7-" covers two steps and takes the farther
+    assert token_steps([merged], [text], 4)[0].tolist() == [2, 2, 1, 0]  # then "=5; \\boxed{5}", padding
+
+
+def test_weight_by_step_covers_every_step_and_rejects_group_methods():
+    from oar.lab.fidelity import weight_by_step
+
+    tok = lab_tokenizer()
+    model = build_model(ModelConfig(hidden=32, layers=1, mlp=64), len(tok), seed=0).eval()
+    problems = make_split(TaskConfig(min_steps=3, max_steps=3), "test", 16)
+    out = weight_by_step(model, tok, problems, scorers=("random", "oar-g"), batch_size=8)
+    assert set(out["random"]) == set(out["oar-g"]) == {1, 2, 3}
+    assert all(abs(w - 1.0) < 0.25 for w in out["random"].values())  # random scores: about the uniform share
+    assert all(0.3 < w < 3.0 for w in out["oar-g"].values())
+    with pytest.raises(ValueError, match="rollout-group statistics"):
+        weight_by_step(model, tok, problems, scorers=("ktae",))

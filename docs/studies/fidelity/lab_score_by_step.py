@@ -13,13 +13,12 @@ from dataclasses import replace
 
 import torch
 
-from oar.credit import CreditBatch, get_credit, token_credit
+from oar.credit import get_credit
 from oar.files import atomic_write
-from oar.lab.fidelity import lab_batch
+from oar.lab.fidelity import weight_by_step
 from oar.lab.regimes import apply_regime
-from oar.lab.task import BOXED, PIVOTAL, make_split, steps_from_end
+from oar.lab.task import make_split
 from oar.lab.warmstart import WarmStartConfig, warm_start
-from oar.probe import OutcomeProbe
 
 
 def main() -> None:
@@ -29,34 +28,15 @@ def main() -> None:
     ap.add_argument("--credits", default="oar-p,oar-g,random")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    methods = [get_credit(c) for c in args.credits.split(",")]  # ValueError naming an unknown one
+    for c in args.credits.split(","):
+        get_credit(c.partition("@")[0])  # ValueError naming an unknown one, before the warm start
     if args.problems < 1:
         ap.error(f"--problems must be >= 1, got {args.problems}")
     torch.set_num_threads(1)
     cfg = apply_regime(WarmStartConfig(), args.regime)
     model, tok, path = warm_start(cfg, progress=False)
-    model.eval()
     problems = make_split(replace(cfg.task, slip_rate=0.0), "test", args.problems)
-    probe = OutcomeProbe(tok, conclude=BOXED)
-    gen = torch.Generator().manual_seed(0)
-    sums: dict[str, dict[int, list[float]]] = {m.name: {} for m in methods}
-    for i in range(0, len(problems), 32):
-        chunk = problems[i : i + 32]
-        b = lab_batch(tok, chunk)
-        T = b["completion_ids"].shape[1]
-        step = torch.tensor([steps_from_end(p.completion, T) for p in chunk])
-        pivotal = b["labels"] == PIVOTAL
-        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
-                            model=model)
-        for m in methods:
-            tc = token_credit(m, batch, probe=probe, batch_size=32, generator=gen)
-            keep = tc.mask & pivotal & (step > 0)
-            for k in step[keep].unique().tolist():
-                sel = keep & (step == k)
-                s = sums[m.name].setdefault(k, [0.0, 0])
-                s[0] += float(tc.weights[sel].sum())
-                s[1] += int(sel.sum())
-    result = {name: {k: v[0] / v[1] for k, v in sorted(d.items())} for name, d in sums.items()}
+    result = weight_by_step(model, tok, problems, scorers=tuple(args.credits.split(",")))
     ks = sorted({k for d in result.values() for k in d})
     print(f"warm start {path.name}, regime {args.regime}, {args.problems} worked solutions: mean weight of the "
           "pivotal tokens by the step's distance from the answer (1 = last step)")

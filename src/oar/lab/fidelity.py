@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from oar.lab.task import ANSWER, BOXED, DISTRACTOR, FILLER, LABEL_NAMES, PIVOTAL, LabProblem
+from oar.lab.task import ANSWER, BOXED, DISTRACTOR, FILLER, LABEL_NAMES, PIVOTAL, LabProblem, steps_from_end
 
 # every method with a per-token signal of its own (group-statistics methods have none on worked solutions)
 FIDELITY_SCORERS = ("oar-p", "oar-g", "entropy", "random", "entropy-mask", "cf-span", "shuffle:oar-g",
@@ -125,6 +125,52 @@ def attribution_fidelity(
                         **{f"weight_{n}": torch.cat(d[f"weights_{n}"]).mean().item()
                            for n in REASONING_KINDS.values()}}
     return result
+
+
+def token_steps(offsets: list[list[tuple[int, int]]], completions: list[str], width: int) -> torch.Tensor:
+    """``[B, width]``: for each token the distance of its solution step from the answer (1 = the last written step;
+    :func:`oar.lab.task.steps_from_end` of the characters it covers, the largest), 0 outside any step, on eos and
+    on padding. ``offsets``: each row's token ``[start, end)`` character spans (:func:`lab_batch`)."""
+    out = torch.zeros(len(completions), width, dtype=torch.long)
+    for i, (spans, text) in enumerate(zip(offsets, completions, strict=True)):
+        chars = steps_from_end(text, len(text))
+        out[i, : len(spans)] = torch.tensor([max(chars[s:e], default=0) for s, e in spans], dtype=torch.long)
+    return out
+
+
+def weight_by_step(
+    model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...] = ("oar-p", "oar-g", "random"),
+    conclude: str = BOXED, batch_size: int = 32, seed: int = 0,
+) -> dict[str, dict[int, float]]:
+    """Where in the chain a credit's weights go: ``{column: {k: mean weight of the pivotal reasoning tokens of the
+    steps k from the answer}}`` (k = 1 the last written step) on the worked solutions of ``problems``, every method
+    through :func:`oar.credit.token_credit` at its defaults. A weight above 1 is more than the uniform share."""
+    from oar.credit import CreditBatch, token_credit
+    from oar.probe import OutcomeProbe
+
+    if not problems:
+        raise ValueError("problems is empty")
+    methods = _columns(scorers, "weight by step on worked solutions")
+    probe = OutcomeProbe(tokenizer, conclude=conclude)
+    gen = torch.Generator().manual_seed(seed)
+    sums: dict[str, dict[int, list[float]]] = {col: {} for col, _ in methods}
+    model.eval()
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i : i + batch_size]
+        b = lab_batch(tokenizer, chunk)
+        step = token_steps(b["offsets"], [p.completion for p in chunk], b["completion_ids"].shape[1])
+        pivotal = b["labels"] == PIVOTAL
+        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
+                            model=model)
+        for col, resolved in methods:
+            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
+            keep = tc.mask & pivotal & (step > 0)
+            for k in step[keep].unique().tolist():
+                sel = keep & (step == k)
+                acc = sums[col].setdefault(k, [0.0, 0])
+                acc[0] += float(tc.weights[sel].sum())
+                acc[1] += int(sel.sum())
+    return {col: {k: total / n for k, (total, n) in sorted(d.items())} for col, d in sums.items()}
 
 
 def localisation(
