@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from oar.files import atomic_write, iter_jsonl, read_jsonl, replace_dir
+from oar.files import atomic_write, iter_jsonl, read_jsonl, replace_dir, strict_json
 
 
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
@@ -52,3 +54,10 @@ def test_replace_dir_keep_existing_keeps_a_finished_cache_entry(tmp_path):
     replace_dir(staged, target)  # without keep_existing the new directory replaces the old
     assert (target / "config.json").read_text() == "second"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
+
+
+def test_strict_json_nulls_every_non_finite_float_at_any_depth():
+    text = strict_json({"a": float("nan"), "b": [1.5, float("inf"), (float("-inf"), 2)], "c": {"d": "x", "e": None}})
+    assert json.loads(text) == {"a": None, "b": [1.5, None, [None, 2]], "c": {"d": "x", "e": None}}
+    assert "NaN" not in text and "Infinity" not in text
+    assert strict_json([0.1], indent=None) == "[0.1]"

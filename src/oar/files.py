@@ -1,9 +1,11 @@
 """Crash-safe files: atomic writes (temporary file in the same directory, then ``os.replace``), atomic directory
-replacement, the one JSONL appender and reader, and the writable-directory check run before expensive work."""
+replacement, the one JSONL appender and reader, strict JSON text, and the writable-directory check run before
+expensive work."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -28,6 +30,21 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         os.unlink(tmp)
         raise
     return path
+
+
+def strict_json(obj: Any, indent: int | None = 1) -> str:
+    """``obj`` as strict JSON text (RFC 8259): every NaN or infinity, at any depth, becomes ``null``."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite(obj), indent=indent, allow_nan=False)
 
 
 def check_writable_dir(path: str | os.PathLike) -> Path:

@@ -197,15 +197,18 @@ def _json_dataset(rows: list[dict[str, Any]]):
                                      keep_in_memory=True)
 
 
+def _require_text(value: Any, where: str, column: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: column {column!r} must be non-empty text, got {value!r}")
+
+
 def _check_rows(source: str, prompts: list, answers: list, prompt_column: str, answer_column: str,
                 lines: list[int] | None = None) -> None:
     from oar.grading import missing_gold
 
     for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True), 1):
         at = f"row {i}" + (f" (line {lines[i - 1]})" if lines and lines[i - 1] != i else "")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"dataset {source!r} {at}: column {prompt_column!r} must be non-empty text, "
-                             f"got {prompt!r}")
+        _require_text(prompt, f"dataset {source!r} {at}", prompt_column)
         if isinstance(answer, float) and math.isinf(answer):
             raise ValueError(f"dataset {source!r} {at}: column {answer_column!r} holds {answer!r}, not a finite "
                              "answer")
@@ -229,8 +232,7 @@ def split_worked_examples(ds, n: int, prompt_column: str = QUESTION_COLUMN,
     head = ds.select(range(n))
     examples = list(zip(head[prompt_column], head[solution_column], strict=True))
     for i, (_, solution) in enumerate(examples, 1):
-        if not isinstance(solution, str) or not solution.strip():
-            raise ValueError(f"worked example {i}: column {solution_column!r} must be non-empty text, got {solution!r}")
+        _require_text(solution, f"worked example {i}", solution_column)
     return examples, ds.select(range(n, len(ds)))
 
 

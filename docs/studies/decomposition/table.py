@@ -14,10 +14,9 @@ and ``decomposition.png`` (Δ per importance × rule, both views), and prints th
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from oar.files import atomic_write
+from oar.files import atomic_write, strict_json
 from oar.lab.compare import run_name
 from oar.lab.stats import accuracy_at, diff_ci
 from oar.lab.summary import format_diff, summarize_comparison
@@ -178,10 +177,9 @@ def main() -> None:
     text = markdown(d, args.warm_seeds * args.seeds)
     print(text)
     if args.out:
-        from oar.lab.compare import _finite
 
         args.out.mkdir(parents=True, exist_ok=True)
-        atomic_write(args.out / "decomposition.json", json.dumps(_finite(d), indent=1, allow_nan=False))
+        atomic_write(args.out / "decomposition.json", strict_json(d))
         atomic_write(args.out / "decomposition.md", text)
         plot(d, args.out / "decomposition.png")
 

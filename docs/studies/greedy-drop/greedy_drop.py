@@ -20,14 +20,13 @@ Writes ``greedy_drop.json`` and ``greedy_drop.md``.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from oar.files import atomic_write
-from oar.lab.compare import _finite, finished_run
+from oar.files import atomic_write, strict_json
+from oar.lab.compare import finished_run
 from oar.lab.model import sample
 from oar.lab.pool import worker_pool
 from oar.lab.run import RunConfig, train_lab
@@ -176,7 +175,7 @@ def main() -> None:
               "mean": {c: {"greedy": {k: agg(c, lambda m, k=k: m["greedy"].get(k, 0.0)) for k in cats},
                            "tokens": {k: {f: agg(c, lambda m, k=k, f=f: m["tokens"][k][f]) for f in ("logp", "top1")}
                                       for k in TOKEN_KINDS}} for c in CREDITS}}
-    atomic_write(out / "greedy_drop.json", json.dumps(_finite(result), indent=1, allow_nan=False))
+    atomic_write(out / "greedy_drop.json", strict_json(result))
     atomic_write(out / "greedy_drop.md", markdown(result, cats))
     print(markdown(result, cats))
 

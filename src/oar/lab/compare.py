@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from oar.credit import CreditSpec, import_modules
-from oar.files import atomic_write, check_writable_dir
+from oar.files import atomic_write, check_writable_dir, strict_json
 from oar.lab.lm import LABS, LM_PROTOCOL, LM_QUICK, LM_QUICK_WARM_STEPS, LM_RECIPE, LMWarmStartConfig, lm_warm_start
 from oar.lab.pool import Job, run_local
 from oar.lab.ray_pool import RayOptions
@@ -76,17 +75,6 @@ class RunsFailed(RuntimeError):
         kept = f"the results of the other runs are in {out}; " if results else ""
         super().__init__(f"{len(failed)} run(s) failed every attempt: {runs}; {kept}--resume trains only the runs "
                          "that did not finish")
-
-
-def _finite(obj):
-    """NaN/inf → None, recursively, so results.json is strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 # seeds per credit at most: each seed is one run of budget_s training seconds per credit (the study runs 6; 1000
@@ -349,7 +337,7 @@ def _compare(out: Path, base: RunConfig, columns: list[str], seeds: int, workers
                     "errors": {name: errs for name, errs in errors.items() if errs}})
     table = format_results_table(results)
     try:
-        atomic_write(out / "results.json", json.dumps(_finite(results), indent=1, allow_nan=False))
+        atomic_write(out / "results.json", strict_json(results))
         atomic_write(out / "results.md", table)
         if report:
             from oar.viz.report import write_report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -70,6 +71,34 @@ def _columns(scorers: tuple[str, ...], what: str) -> list[tuple[str, object]]:
     return out
 
 
+def _credited_batches(model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...], what: str,
+                      conclude: str, batch_size: int, seed: int) -> Iterator[tuple[list[LabProblem], dict, object, str,
+                                                                                    object, float]]:
+    """The worked solutions of ``problems`` in batches, each scored by every column through
+    :func:`oar.credit.token_credit` at its defaults, as in training: ``(chunk, lab_batch, probe batch, column, token
+    credit, CPU seconds)`` per batch and column, batch-major. One random generator, seeded once, serves every call
+    in that order. ValueError before any work for an empty ``problems`` or a group-statistics method."""
+    from oar.credit import CreditBatch, token_credit
+    from oar.probe import OutcomeProbe
+
+    if not problems:
+        raise ValueError("problems is empty")
+    methods = _columns(scorers, what)
+    probe = OutcomeProbe(tokenizer, conclude=conclude)
+    gen = torch.Generator().manual_seed(seed)
+    model.eval()
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i : i + batch_size]
+        b = lab_batch(tokenizer, chunk)
+        pb = probe(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
+        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
+                            model=model)
+        for col, resolved in methods:
+            t0 = time.thread_time()
+            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
+            yield chunk, b, pb, col, tc, time.thread_time() - t0
+
+
 def attribution_fidelity(
     model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...] = FIDELITY_SCORERS,
     conclude: str = BOXED, batch_size: int = 32, seed: int = 0,
@@ -85,37 +114,22 @@ def attribution_fidelity(
     label (NaN when there are none)}}``; AUC 0.5 is chance, 1.0 a perfect ranking; a mean weight above 1 means that
     kind of token gets more than its uniform share of the advantage.
     """
-    from oar.credit import CreditBatch, token_credit
-    from oar.probe import OutcomeProbe
-
-    if not problems:
-        raise ValueError("problems is empty")
-    methods = _columns(scorers, "fidelity on worked solutions")
-    probe = OutcomeProbe(tokenizer, conclude=conclude)
-    gen = torch.Generator().manual_seed(seed)
-    out: dict[str, dict[str, list[torch.Tensor]]] = {
+    out: dict[str, dict[str, list]] = {
         col: {"auc_filler": [], "auc_distractor": [], "auc_rest": [], "seconds": [],
               **{f"weights_{n}": [] for n in REASONING_KINDS.values()}}
-        for col, _ in methods
+        for col in scorers
     }
-    model.eval()
-    for i in range(0, len(problems), batch_size):
-        b = lab_batch(tokenizer, problems[i : i + batch_size])
-        pb = probe(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
+    for _, b, pb, col, tc, seconds in _credited_batches(model, tokenizer, problems, scorers,
+                                                        "fidelity on worked solutions", conclude, batch_size, seed):
         reasoning = pb.completion_reasoning_mask & pb.valid[:, None]
         pos = reasoning & (b["labels"] == PIVOTAL)
-        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
-                            model=model)
-        for col, resolved in methods:
-            t0 = time.thread_time()
-            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
-            out[col]["seconds"].append(time.thread_time() - t0)
-            out[col]["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
-            out[col]["auc_distractor"].append(
-                pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == DISTRACTOR)))
-            out[col]["auc_rest"].append(pairwise_auc(tc.scores, pos, reasoning & ~pos))
-            for label, n in REASONING_KINDS.items():
-                out[col][f"weights_{n}"].append(tc.weights[reasoning & (b["labels"] == label)])
+        d = out[col]
+        d["seconds"].append(seconds)
+        d["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
+        d["auc_distractor"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == DISTRACTOR)))
+        d["auc_rest"].append(pairwise_auc(tc.scores, pos, reasoning & ~pos))
+        for label, n in REASONING_KINDS.items():
+            d[f"weights_{n}"].append(tc.weights[reasoning & (b["labels"] == label)])
     result = {}
     for name, d in out.items():
         f, r, dis = torch.cat(d["auc_filler"]), torch.cat(d["auc_rest"]), torch.cat(d["auc_distractor"])
@@ -145,31 +159,16 @@ def weight_by_step(
     """Where in the chain a credit's weights go: ``{column: {k: mean weight of the pivotal reasoning tokens of the
     steps k from the answer}}`` (k = 1 the last written step) on the worked solutions of ``problems``, every method
     through :func:`oar.credit.token_credit` at its defaults. A weight above 1 is more than the uniform share."""
-    from oar.credit import CreditBatch, token_credit
-    from oar.probe import OutcomeProbe
-
-    if not problems:
-        raise ValueError("problems is empty")
-    methods = _columns(scorers, "weight by step on worked solutions")
-    probe = OutcomeProbe(tokenizer, conclude=conclude)
-    gen = torch.Generator().manual_seed(seed)
-    sums: dict[str, dict[int, list[float]]] = {col: {} for col, _ in methods}
-    model.eval()
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i : i + batch_size]
-        b = lab_batch(tokenizer, chunk)
+    sums: dict[str, dict[int, list[float]]] = {col: {} for col in scorers}
+    for chunk, b, _, col, tc, _ in _credited_batches(model, tokenizer, problems, scorers,
+                                                     "weight by step on worked solutions", conclude, batch_size, seed):
         step = token_steps(b["offsets"], [p.completion for p in chunk], b["completion_ids"].shape[1])
-        pivotal = b["labels"] == PIVOTAL
-        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
-                            model=model)
-        for col, resolved in methods:
-            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
-            keep = tc.mask & pivotal & (step > 0)
-            for k in step[keep].unique().tolist():
-                sel = keep & (step == k)
-                acc = sums[col].setdefault(k, [0.0, 0])
-                acc[0] += float(tc.weights[sel].sum())
-                acc[1] += int(sel.sum())
+        keep = tc.mask & (b["labels"] == PIVOTAL) & (step > 0)
+        for k in step[keep].unique().tolist():
+            sel = keep & (step == k)
+            acc = sums[col].setdefault(k, [0.0, 0])
+            acc[0] += float(tc.weights[sel].sum())
+            acc[1] += int(sel.sum())
     return {col: {k: total / n for k, (total, n) in sorted(d.items())} for col, d in sums.items()}
 
 
