@@ -58,3 +58,26 @@ def test_grid_views_and_verdicts(tmp_path):
     assert "(1/4 units)" in text and "not run" in text
     t.plot(d, tmp_path / "decomposition.png")
     assert (tmp_path / "decomposition.png").stat().st_size > 1000
+    assert d["best_practical"] == ["oar-g@rule=sign", "oar-g@rule=step"]  # ranked by mean Δ at equal updates
+    assert d["vs_control"] == {}  # no shuffle: column, no control row
+
+
+def test_confirmation_columns_and_shuffle_control(tmp_path):
+    t = _table()
+    for w in range(2):
+        for s in range(2):
+            j = 0.01 * (2 * w + s)
+            _run(tmp_path, "grpo", w, s, [0.2, 0.25, 0.3 + j], 5.0)
+            _run(tmp_path, "oracle-process", w, s, [0.2, 0.4, 0.6 + j], 5.0)
+            _run(tmp_path, "oar-prefix@rule=sign", w, s, [0.2, 0.3, 0.5 + j], 5.0)
+            _run(tmp_path, "shuffle:oar-prefix@rule=sign", w, s, [0.2, 0.3, 0.4 + j, 0.1], 5.0)  # one more update
+            _run(tmp_path, "random", w, s, [0.2, 0.2, 0.2], 5.0)  # not a confirmation column: left out
+    cols = ["oracle-process", "oar-prefix@rule=sign", "shuffle:oar-prefix@rule=sign"]
+    dirs = t.finished_runs(tmp_path, warm_seeds=2, seeds=2, columns=cols)
+    assert {c for c, _ in dirs} == {"grpo", *cols}
+    d = t.decompose(dirs)
+    v = d["vs_control"]["oar-prefix@rule=sign"]
+    assert v["control"] == "shuffle:oar-prefix@rule=sign" and v["updates"] == 20  # the fewer updates of the two
+    # the same jitter in both columns: s.d. 0.0129 each, Welch t (df 6) x 0.0091 = 0.022
+    assert v["mean"] == pytest.approx(0.1) and v["ci95"] == pytest.approx(0.0223, abs=1e-3)
+    assert "| `oar-prefix@rule=sign` | `shuffle:oar-prefix@rule=sign` | 20 | +10.0 [±2.2] |" in t.markdown(d, units=4)

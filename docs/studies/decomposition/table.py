@@ -1,13 +1,15 @@
 """The decomposition's table, plot and verdict by its declared rule (issue #33 §2; protocol in README.md).
 
-Usage: ``python docs/studies/decomposition/table.py RUNS_DIR [--warm-seeds 2] [--seeds 3] [--out DIR]``.
+Usage: ``python docs/studies/decomposition/table.py RUNS_DIR [--warm-seeds 2] [--seeds 3] [--columns A,B] [--out DIR]``.
 Reads the run directories ``oar compare --warm-seeds W --seeds S`` wrote for the screen's columns (importance ×
 rule, ``oracle-process``, ``grpo``, the controls and peers), keeps every finished run, and aggregates them over the
 (warm start, RL seed) units with :func:`oar.lab.summary.summarize_comparison` (GRPO the reference; the best perfect
 cell, by Δ at equal updates, the oracle every efficiency is a share of). Per column: Δ vs GRPO at equal updates and
 at equal CPU seconds (each column's and GRPO's held-out accuracy at the fewest training seconds any of their runs
 reached, interpolated between evaluations), Welch 95 % intervals over units; credit efficiency at equal updates
-with its paired bootstrap 95 % interval; CPU seconds per update. Writes ``decomposition.json``, ``decomposition.md``
+with its paired bootstrap 95 % interval; CPU seconds per update; the two best practical cells (highest mean Δ at
+equal updates, amendment 2) and each cell's Δ vs its own ``shuffle:`` control at equal updates. ``--columns``
+keeps only those columns (and GRPO): the confirmation's table. Writes ``decomposition.json``, ``decomposition.md``
 and ``decomposition.png`` (Δ per importance × rule, both views), and prints the Markdown.
 """
 
@@ -38,11 +40,13 @@ def grid_columns() -> list[str]:
     return [col.format(rule) for col in IMPORTANCES.values() for rule in RULES]
 
 
-def finished_runs(runs: Path, warm_seeds: int, seeds: int) -> dict[tuple[str, str], Path]:
-    """(column, unit) -> run directory, for every finished run of the screen's columns (unit ``wW-sS``)."""
+def finished_runs(runs: Path, warm_seeds: int, seeds: int,
+                  columns: list[str] | None = None) -> dict[tuple[str, str], Path]:
+    """(column, unit) -> run directory, for every finished run of the screen's columns (unit ``wW-sS``), or of
+    ``columns`` only (GRPO always)."""
     shuffles = sorted({p.name.rsplit("-s", 1)[0].split("-w")[0] for p in runs.glob("shuffle:*")})
     dirs = {}
-    for column in [REFERENCE, *grid_columns(), *OTHERS, *shuffles]:
+    for column in [REFERENCE, *(columns or [*grid_columns(), *OTHERS, *shuffles])]:
         for w in range(warm_seeds):
             for seed in range(seeds):
                 path = runs / run_name(column, w, seed)
@@ -65,6 +69,31 @@ def equal_seconds(results: dict) -> dict[str, dict]:
         out[column] = {"seconds": t, **diff_ci([accuracy_at(r["curve"], t, axis=1) for r in mine],
                                                 [accuracy_at(r["curve"], t, axis=1) for r in runs[REFERENCE]])}
     return out
+
+
+def vs_control(results: dict) -> dict[str, dict]:
+    """Per column ``X`` with a ``shuffle:X`` column: Δ of X − shuffle:X in held-out accuracy at the fewest updates
+    any run of the two made, Welch 95 % CI over units: does the importance, rather than the rule, carry the gain?"""
+    runs: dict[str, list[dict]] = {}
+    for r in results["runs"]:
+        runs.setdefault(r["credit"], []).append(r)
+    out = {}
+    for column, mine in runs.items():
+        control = runs.get(f"shuffle:{column}")
+        if control is None:
+            continue
+        step = min(r["curve"][-1][0] for r in mine + control)
+        out[column] = {"control": f"shuffle:{column}", "updates": step,
+                       **diff_ci([accuracy_at(r["curve"], step) for r in mine],
+                                 [accuracy_at(r["curve"], step) for r in control])}
+    return out
+
+
+def best_practical(rows: dict, n: int = 2) -> list[str]:
+    """The ``n`` practical importance × rule cells with the highest mean Δ vs GRPO at equal updates (amendment 2)."""
+    cells = [col.format(rule) for label, col in IMPORTANCES.items() if label != "perfect" for rule in RULES]
+    ranked = [c for c in cells if (rows.get(c) or {}).get("equal_updates")]
+    return sorted(ranked, key=lambda c: rows[c]["equal_updates"]["mean"], reverse=True)[:n]
 
 
 def decompose(dirs: dict[tuple[str, str], Path]) -> dict:
@@ -92,8 +121,8 @@ def decompose(dirs: dict[tuple[str, str], Path]) -> dict:
                 continue
             e = rows[col.format(rule)]["efficiency_updates"] or {}
             verdicts[f"{label}@{rule}"] = ("keeps a share" if (e.get("lo") or 0) > 0 else "no share shown")
-    return {"best_perfect": best, "reference": REFERENCE, "rows": rows, "verdicts": verdicts,
-            "results": results}
+    return {"best_perfect": best, "best_practical": best_practical(rows), "reference": REFERENCE, "rows": rows,
+            "verdicts": verdicts, "vs_control": vs_control(results), "results": results}
 
 
 def _eff(e: dict | None) -> str:
@@ -128,6 +157,14 @@ def markdown(d: dict, units: int) -> str:
         lines.append(f"| `{column}` | {r['units']} | {format_diff(r['equal_updates'])} | "
                      f"{format_diff(r['equal_seconds'])} | {_eff(r['efficiency_updates'])} | "
                      f"{r['cpu_s_per_update']:.2f} ({r['cost_vs_grpo']:.1f}×) | {verdict_of.get(column, '')} |")
+    lines += ["", "Best practical cells (highest mean Δ at equal updates): "
+              + (", ".join(f"`{c}`" for c in d["best_practical"]) or "none"), ""]
+    if d["vs_control"]:
+        lines += ["Each cell vs its own `shuffle:` control (same importance and rule, weights permuted within the "
+                  "completion), at equal updates [Welch 95 % CI over units]:", "",
+                  "| column | control | updates | Δ vs control |", "|---|---|---|---|"]
+        lines += [f"| `{c}` | `{v['control']}` | {v['updates']} | {format_diff(v)} |"
+                  for c, v in d["vs_control"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -168,16 +205,17 @@ def main() -> None:
     ap.add_argument("runs", type=Path)
     ap.add_argument("--warm-seeds", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--columns", default=None, help="comma-separated columns to keep (GRPO always): the confirmation")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    dirs = finished_runs(args.runs, args.warm_seeds, args.seeds)
+    columns = [c for c in args.columns.split(",") if c] if args.columns else None
+    dirs = finished_runs(args.runs, args.warm_seeds, args.seeds, columns)
     if not any(c == REFERENCE for c, _ in dirs):
         ap.error(f"no finished {REFERENCE} run in {args.runs}")
     d = decompose(dirs)
     text = markdown(d, args.warm_seeds * args.seeds)
     print(text)
     if args.out:
-
         args.out.mkdir(parents=True, exist_ok=True)
         atomic_write(args.out / "decomposition.json", strict_json(d))
         atomic_write(args.out / "decomposition.md", text)
