@@ -28,16 +28,24 @@ def _run(runs: Path, column: str, w: int, seed: int, accs: list[float], seconds_
     (path / "summary.json").write_text("{}")
 
 
-def test_grid_views_and_verdicts(tmp_path):
-    t = _table()
+def _units(runs: Path, curves: dict) -> None:
+    """Every column at the 2 × 2 units (w, s): ``curves[column](j)`` gives its accuracies and seconds per evaluation
+    for the unit's jitter ``j`` = 0.01 (2w + s)."""
     for w in range(2):
         for s in range(2):
-            jitter = 0.01 * (2 * w + s)
-            _run(tmp_path, "grpo", w, s, [0.2, 0.25, 0.3 + jitter], 5.0)
-            _run(tmp_path, "oracle-oar@rule=sign", w, s, [0.2, 0.4, 0.6 + jitter], 5.0)
-            _run(tmp_path, "oracle-oar@rule=bilevel", w, s, [0.2, 0.25, 0.3 - jitter], 5.0)
-            # twice GRPO's cost: at GRPO's 10 seconds it has made half its updates (accuracy 0.35)
-            _run(tmp_path, "oar-g@rule=sign", w, s, [0.2, 0.35, 0.45 + jitter], 10.0)
+            for column, curve in curves.items():
+                _run(runs, column, w, s, *curve(0.01 * (2 * w + s)))
+
+
+def test_grid_views_and_verdicts(tmp_path):
+    t = _table()
+    _units(tmp_path, {
+        "grpo": lambda j: ([0.2, 0.25, 0.3 + j], 5.0),
+        "oracle-oar@rule=sign": lambda j: ([0.2, 0.4, 0.6 + j], 5.0),
+        "oracle-oar@rule=bilevel": lambda j: ([0.2, 0.25, 0.3 - j], 5.0),
+        # twice GRPO's cost: at GRPO's 10 seconds it has made half its updates (accuracy 0.35)
+        "oar-g@rule=sign": lambda j: ([0.2, 0.35, 0.45 + j], 10.0),
+    })
     _run(tmp_path, "oar-g@rule=step", 0, 0, [0.2, 0.2, 0.2], 5.0)  # an unfinished column: 1 of 4 units
     (tmp_path / run_name("oar-g@rule=step", 0, 1)).mkdir()  # a run that never finished is left out
     dirs = t.finished_runs(tmp_path, warm_seeds=2, seeds=2)
@@ -64,14 +72,13 @@ def test_grid_views_and_verdicts(tmp_path):
 
 def test_confirmation_columns_and_shuffle_control(tmp_path):
     t = _table()
-    for w in range(2):
-        for s in range(2):
-            j = 0.01 * (2 * w + s)
-            _run(tmp_path, "grpo", w, s, [0.2, 0.25, 0.3 + j], 5.0)
-            _run(tmp_path, "oracle-process", w, s, [0.2, 0.4, 0.6 + j], 5.0)
-            _run(tmp_path, "oar-prefix@rule=sign", w, s, [0.2, 0.3, 0.5 + j], 5.0)
-            _run(tmp_path, "shuffle:oar-prefix@rule=sign", w, s, [0.2, 0.3, 0.4 + j, 0.1], 5.0)  # one more update
-            _run(tmp_path, "random", w, s, [0.2, 0.2, 0.2], 5.0)  # not a confirmation column: left out
+    _units(tmp_path, {
+        "grpo": lambda j: ([0.2, 0.25, 0.3 + j], 5.0),
+        "oracle-process": lambda j: ([0.2, 0.4, 0.6 + j], 5.0),
+        "oar-prefix@rule=sign": lambda j: ([0.2, 0.3, 0.5 + j], 5.0),
+        "shuffle:oar-prefix@rule=sign": lambda j: ([0.2, 0.3, 0.4 + j, 0.1], 5.0),  # one more update
+        "random": lambda j: ([0.2, 0.2, 0.2], 5.0),  # not a confirmation column: left out
+    })
     cols = ["oracle-process", "oar-prefix@rule=sign", "shuffle:oar-prefix@rule=sign"]
     dirs = t.finished_runs(tmp_path, warm_seeds=2, seeds=2, columns=cols)
     assert {c for c, _ in dirs} == {"grpo", *cols}
