@@ -34,11 +34,10 @@ def windows(rows: list[dict], width: int) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
+    head = [w["steps"] for w in next(iter(result["runs"].values()))]  # the first run's windows
     lines = [f"Per-step reward of `oar train --config {result['recipe']}` (mean over windows of {result['width']} "
              "steps; in brackets the share of groups whose completions all earn the same reward; s/step):", "",
-             "| run | " + " | ".join(w["steps"] for w in next(iter(result["runs"].values()))) + " |",
-             "|---" * (1 + len(next(iter(result["runs"].values())))) + "|"]
-    head = [w["steps"] for w in next(iter(result["runs"].values()))]
+             "| run | " + " | ".join(head) + " |", "|---" * (1 + len(head)) + "|"]
     for name, ws in result["runs"].items():  # a window that covers other steps than the header's says which
         lines.append(f"| {name} | " + " | ".join(
             f"{w['reward']:.2f} ({w['frac_reward_zero_std']:.2f}; {w['step_seconds']:.0f} s)"

@@ -55,11 +55,17 @@ def finished_runs(runs: Path, warm_seeds: int, seeds: int,
     return dirs
 
 
-def equal_seconds(results: dict) -> dict[str, dict]:
-    """Per column: Δ vs GRPO of held-out accuracy at the fewest training seconds any run of the two reached."""
+def runs_by_column(results: dict) -> dict[str, list[dict]]:
+    """``summarize_comparison``'s per-run records grouped by column."""
     runs: dict[str, list[dict]] = {}
     for r in results["runs"]:
         runs.setdefault(r["credit"], []).append(r)
+    return runs
+
+
+def equal_seconds(results: dict) -> dict[str, dict]:
+    """Per column: Δ vs GRPO of held-out accuracy at the fewest training seconds any run of the two reached."""
+    runs = runs_by_column(results)
     out = {}
     for column, mine in runs.items():
         pair = mine + runs[REFERENCE]
@@ -74,9 +80,7 @@ def equal_seconds(results: dict) -> dict[str, dict]:
 def vs_control(results: dict) -> dict[str, dict]:
     """Per column ``X`` with a ``shuffle:X`` column: Δ of X − shuffle:X in held-out accuracy at the fewest updates
     any run of the two made, Welch 95 % CI over units: does the importance, rather than the rule, carry the gain?"""
-    runs: dict[str, list[dict]] = {}
-    for r in results["runs"]:
-        runs.setdefault(r["credit"], []).append(r)
+    runs = runs_by_column(results)
     out = {}
     for column, mine in runs.items():
         control = runs.get(f"shuffle:{column}")

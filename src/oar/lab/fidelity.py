@@ -71,13 +71,16 @@ def _columns(scorers: tuple[str, ...], what: str) -> list[tuple[str, object]]:
     return out
 
 
+Scored = Iterator[tuple[str, object, float]]  # (column, token credit, CPU seconds) per column of one batch
+
+
 def _credited_batches(model, tokenizer, problems: list[LabProblem], scorers: tuple[str, ...], what: str,
-                      conclude: str, batch_size: int, seed: int) -> Iterator[tuple[list[LabProblem], dict, object, str,
-                                                                                    object, float]]:
-    """The worked solutions of ``problems`` in batches, each scored by every column through
-    :func:`oar.credit.token_credit` at its defaults, as in training: ``(chunk, lab_batch, probe batch, column, token
-    credit, CPU seconds)`` per batch and column, batch-major. One random generator, seeded once, serves every call
-    in that order. ValueError before any work for an empty ``problems`` or a group-statistics method."""
+                      conclude: str, batch_size: int, seed: int) -> Iterator[tuple[list[LabProblem], dict, object,
+                                                                                    Scored]]:
+    """The worked solutions of ``problems`` in batches: ``(chunk, lab_batch, probe batch, scored)`` per batch, where
+    ``scored`` yields ``(column, token credit, CPU seconds)`` for every column through :func:`oar.credit.token_credit`
+    at its defaults, as in training (consume it before the next batch). One random generator, seeded once, serves
+    every call in that order. ValueError before any work for an empty ``problems`` or a group-statistics method."""
     from oar.credit import CreditBatch, token_credit
     from oar.probe import OutcomeProbe
 
@@ -87,16 +90,19 @@ def _credited_batches(model, tokenizer, problems: list[LabProblem], scorers: tup
     probe = OutcomeProbe(tokenizer, conclude=conclude)
     gen = torch.Generator().manual_seed(seed)
     model.eval()
+
+    def scored(batch) -> Scored:
+        for col, resolved in methods:
+            t0 = time.thread_time()
+            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
+            yield col, tc, time.thread_time() - t0
+
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
         b = lab_batch(tokenizer, chunk)
         pb = probe(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"])
-        batch = CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
-                            model=model)
-        for col, resolved in methods:
-            t0 = time.thread_time()
-            tc = token_credit(resolved, batch, probe=probe, batch_size=batch_size, generator=gen)
-            yield chunk, b, pb, col, tc, time.thread_time() - t0
+        yield chunk, b, pb, scored(CreditBatch(b["prompt_ids"], b["prompt_mask"], b["completion_ids"],
+                                               b["completion_mask"], model=model))
 
 
 def attribution_fidelity(
@@ -119,17 +125,18 @@ def attribution_fidelity(
               **{f"weights_{n}": [] for n in REASONING_KINDS.values()}}
         for col in scorers
     }
-    for _, b, pb, col, tc, seconds in _credited_batches(model, tokenizer, problems, scorers,
-                                                        "fidelity on worked solutions", conclude, batch_size, seed):
+    for _, b, pb, scored in _credited_batches(model, tokenizer, problems, scorers, "fidelity on worked solutions",
+                                              conclude, batch_size, seed):
         reasoning = pb.completion_reasoning_mask & pb.valid[:, None]
         pos = reasoning & (b["labels"] == PIVOTAL)
-        d = out[col]
-        d["seconds"].append(seconds)
-        d["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
-        d["auc_distractor"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == DISTRACTOR)))
-        d["auc_rest"].append(pairwise_auc(tc.scores, pos, reasoning & ~pos))
-        for label, n in REASONING_KINDS.items():
-            d[f"weights_{n}"].append(tc.weights[reasoning & (b["labels"] == label)])
+        for col, tc, seconds in scored:
+            d = out[col]
+            d["seconds"].append(seconds)
+            d["auc_filler"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == FILLER)))
+            d["auc_distractor"].append(pairwise_auc(tc.scores, pos, reasoning & (b["labels"] == DISTRACTOR)))
+            d["auc_rest"].append(pairwise_auc(tc.scores, pos, reasoning & ~pos))
+            for label, n in REASONING_KINDS.items():
+                d[f"weights_{n}"].append(tc.weights[reasoning & (b["labels"] == label)])
     result = {}
     for name, d in out.items():
         f, r, dis = torch.cat(d["auc_filler"]), torch.cat(d["auc_rest"]), torch.cat(d["auc_distractor"])
@@ -160,15 +167,17 @@ def weight_by_step(
     steps k from the answer}}`` (k = 1 the last written step) on the worked solutions of ``problems``, every method
     through :func:`oar.credit.token_credit` at its defaults. A weight above 1 is more than the uniform share."""
     sums: dict[str, dict[int, list[float]]] = {col: {} for col in scorers}
-    for chunk, b, _, col, tc, _ in _credited_batches(model, tokenizer, problems, scorers,
-                                                     "weight by step on worked solutions", conclude, batch_size, seed):
+    for chunk, b, _, scored in _credited_batches(model, tokenizer, problems, scorers,
+                                                 "weight by step on worked solutions", conclude, batch_size, seed):
         step = token_steps(b["offsets"], [p.completion for p in chunk], b["completion_ids"].shape[1])
-        keep = tc.mask & (b["labels"] == PIVOTAL) & (step > 0)
-        for k in step[keep].unique().tolist():
-            sel = keep & (step == k)
-            acc = sums[col].setdefault(k, [0.0, 0])
-            acc[0] += float(tc.weights[sel].sum())
-            acc[1] += int(sel.sum())
+        pivotal = (b["labels"] == PIVOTAL) & (step > 0)
+        for col, tc, _ in scored:
+            keep = tc.mask & pivotal
+            for k in step[keep].unique().tolist():
+                sel = keep & (step == k)
+                acc = sums[col].setdefault(k, [0.0, 0])
+                acc[0] += float(tc.weights[sel].sum())
+                acc[1] += int(sel.sum())
     return {col: {k: total / n for k, (total, n) in sorted(d.items())} for col, d in sums.items()}
 
 
