@@ -174,6 +174,7 @@ def _group_rank(rank: int, world: int, init: str, out: str) -> None:
                                    response_mask[rows, :T], (adv != 0)[rows], group_ids=GROUP_IDS[rows],
                                    rewards=GROUP_REWARDS[rows])
         torch.save({"scores": scores, "mask": mask}, f"{out}/rank{rank}.pt")
+        dist.barrier()  # both ranks done with gloo before either tears it down (else gloo can abort a rank)
     finally:
         dist.destroy_process_group()
 
