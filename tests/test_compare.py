@@ -488,3 +488,37 @@ def test_warm_seeds_make_warm_start_by_rl_seed_units(tmp_path):
     assert "(warm start, RL seed) units" in (tmp_path / "out" / "results.md").read_text()
     with pytest.raises(ValueError, match="warm_seeds must be between 1 and 1000"):
         compare(tmp_path / "bad", _tiny_base(), ("grpo",), seeds=1, warm_seeds=0)
+
+
+def test_the_start_evaluation_is_computed_once_per_warm_start_and_changes_nothing(tmp_path):
+    """A warm start's step-0 evaluation is stored beside it by its first run and read by the next: the second run
+    (another RL seed) records the same start and trains exactly as it would have (same sampled lengths, losses and
+    evaluations at every step); a stored value is what a run reports (the file is really read); another evaluation
+    setting is another file."""
+    from oar.lab.run import train_lab
+
+    cache = tmp_path / "cache"
+    base = _tiny_base(budget_s=600, max_steps=4)
+    timing = ("time", "runtime", "per_second", "share")  # wall-clock readings
+
+    def rows(run):
+        return [{k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}
+                for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    train_lab(base, tmp_path / "fresh", cache)  # computes and stores the start evaluation
+    stored = list((cache / "start-eval").glob("*.json"))
+    assert len(stored) == 1
+    assert json.loads(stored[0].read_text()) == {k[5:]: v for k, v in rows(tmp_path / "fresh")[0].items()
+                                                 if k.startswith("eval/")}
+    stored[0].unlink()
+    train_lab(base, tmp_path / "uncached", cache)  # computes it again ...
+    train_lab(base, tmp_path / "cached", cache)  # ... and this run reads it
+    assert rows(tmp_path / "cached") == rows(tmp_path / "uncached") == rows(tmp_path / "fresh")
+    assert len(rows(tmp_path / "cached")) > 3
+    assert json.loads((tmp_path / "cached" / "summary.json").read_text())["start"]["eval_time"] < 0.05
+
+    stored[0].write_text(json.dumps({"accuracy": 0.123}))
+    train_lab(base, tmp_path / "planted", cache)
+    assert rows(tmp_path / "planted")[0]["eval/accuracy"] == 0.123
+    train_lab(_tiny_base(budget_s=600, max_steps=1, eval_k=2), tmp_path / "other", cache)
+    assert len(list((cache / "start-eval").glob("*.json"))) == 2

@@ -152,6 +152,30 @@ def credit_defaults(cfg: RunConfig) -> dict:
     return json.loads(json.dumps(dict(get_credit(CreditSpec.parse(cfg.credit).name).options)))
 
 
+def start_eval_path(warm_path: Path, task, cfg: RunConfig, max_new_tokens: int, batch_size: int,
+                    rollout_dtype: str | None) -> Path:
+    """Where the step-0 evaluation of a warm start is cached: ``<cache>/start-eval/<warm start>-<digest>.json``.
+
+    Every run from one warm start evaluates the same weights on the same problems with the same seeds (the sampler
+    draws from its own generator, so skipping it leaves training's random stream as it was), so the first run
+    stores the result and the others read it. The digest covers what the evaluation reads: the warm start's files
+    (names, sizes, modification times: a rebuilt warm start is a new entry), the held-out split, ``k``, temperature,
+    length, batch size, the sampler's dtype, and the source of the sampling code."""
+    import hashlib
+
+    from oar import sampling
+    from oar.lab import model as lab_model
+
+    files = sorted((p.relative_to(warm_path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in warm_path.rglob("*") if p.is_file())
+    key = json.dumps({"warm": files, "task": asdict(task), "eval_problems": cfg.eval_problems, "eval_k": cfg.eval_k,
+                      "temperature": cfg.temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+                      "rollout_dtype": rollout_dtype,
+                      "code": [Path(m.__file__).read_text() for m in (sampling, lab_model)]}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return warm_path.parent / "start-eval" / f"{warm_path.name}-{digest}.json"
+
+
 def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None = None,
               report: Callable[..., None] | None = None) -> dict:
     """Train one (credit, seed) run into ``run_dir`` (run.json, metrics.jsonl, summary.json); returns the summary.
@@ -197,13 +221,22 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
     # the credit's registered option defaults: a resumed comparison must not reuse a run made under other defaults
     trainer = None
 
+    eval_batch = 128 if lm else 512
+    start_cache = start_eval_path(warm_path, task, cfg, max_len, eval_batch, args.oar_rollout_dtype)
+
     def evaluate(step: int) -> dict:
+        if step == 0 and start_cache.exists():  # the warm start's own evaluation: the same for every run from it
+            return json.loads(start_cache.read_text())
         sampler = model
         if trainer is not None and trainer._rollout_copy is not None:  # the LM lab samples from the bf16 copy
             trainer._rollout_copy.sync(model)
             sampler = trainer._rollout_copy.model
-        return accuracy(sampler, tok, test, k=cfg.eval_k, temperature=cfg.temperature, max_new_tokens=max_len,
-                        seed=1000 + step, prompts=test_prompts, batch_size=128 if lm else 512)
+        out = accuracy(sampler, tok, test, k=cfg.eval_k, temperature=cfg.temperature, max_new_tokens=max_len,
+                       seed=1000 + step, prompts=test_prompts, batch_size=eval_batch)
+        if step == 0:
+            start_cache.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(start_cache, json.dumps(out))
+        return out
 
     cb = LabCallback({"model": f"lab:{warm_path.name}", "lab": asdict(cfg), "credit_defaults": credit_defaults(cfg)},
                      evaluate, cfg.budget_s, cfg.eval_every, cfg.max_steps, report, cfg.clock)
