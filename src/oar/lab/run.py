@@ -15,7 +15,7 @@ import torch
 from oar.files import atomic_write
 from oar.lab.lm import LMWarmStartConfig, chat_prompt, lm_warm_start
 from oar.lab.model import accuracy
-from oar.lab.task import BOXED, lab_reward, make_split, max_completion_chars
+from oar.lab.task import BOXED, TaskConfig, lab_reward, make_split, max_completion_chars
 from oar.lab.warmstart import WarmStartConfig, warm_start
 from oar.ranges import check_finite_fields
 from oar.rundir import RunDir
@@ -152,7 +152,7 @@ def credit_defaults(cfg: RunConfig) -> dict:
     return json.loads(json.dumps(dict(get_credit(CreditSpec.parse(cfg.credit).name).options)))
 
 
-def start_eval_path(warm_path: Path, task, cfg: RunConfig, max_new_tokens: int, batch_size: int,
+def start_eval_path(warm_path: Path, task: TaskConfig, cfg: RunConfig, max_new_tokens: int, batch_size: int,
                     rollout_dtype: str | None) -> Path:
     """Where the step-0 evaluation of a warm start is cached: ``<cache>/start-eval/<warm start>-<digest>.json``.
 
