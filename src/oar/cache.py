@@ -1,5 +1,6 @@
 """The on-disk cache layout, in one place: ``$OAR_CACHE/<kind>`` when ``OAR_CACHE`` is set, else
-``~/.cache/oar/<kind>``. Kinds: ``models`` (safetensors conversions of GGUF files), ``lab`` (warm starts)."""
+``~/.cache/oar/<kind>``. Kinds: ``models`` (safetensors conversions of GGUF files), ``lab`` (warm starts, and
+``start-eval/``: each warm start's step-0 evaluation, :func:`oar.lab.run.start_eval_path`)."""
 
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ def start_eval_path(warm_path: Path, task: TaskConfig, cfg: RunConfig, max_new_t
 
     files = sorted((p.relative_to(warm_path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
                    for p in warm_path.rglob("*") if p.is_file())
-    key = json.dumps({"warm": files, "task": asdict(task), "eval_problems": cfg.eval_problems, "eval_k": cfg.eval_k,
+    key = json.dumps({"warm": files, "task": task.key(), "eval_problems": cfg.eval_problems, "eval_k": cfg.eval_k,
                       "temperature": cfg.temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
                       "rollout_dtype": rollout_dtype,
                       "code": [Path(m.__file__).read_text() for m in (sampling, lab_model)]}, sort_keys=True)
