@@ -88,3 +88,24 @@ def test_confirmation_columns_and_shuffle_control(tmp_path):
     # the same jitter in both columns: s.d. 0.0129 each, Welch t (df 6) x 0.0091 = 0.022
     assert v["mean"] == pytest.approx(0.1) and v["ci95"] == pytest.approx(0.0223, abs=1e-3)
     assert "| `oar-prefix@rule=sign` | `shuffle:oar-prefix@rule=sign` | 20 | +10.0 [±2.2] |" in t.markdown(d, units=4)
+
+
+def test_bilevel_cells_read_from_default_names(tmp_path):
+    """The LM lab's Bi-Level cells are the credits' default-name runs (``oar-g-s0``): read as the grid's
+    ``…@rule=bilevel`` columns with ``bilevel_default``, and not without it; their shuffle controls too."""
+    t = _table()
+    _units(tmp_path, {
+        "grpo": lambda j: ([0.2, 0.25, 0.3 + j], 5.0),
+        "oar-g": lambda j: ([0.2, 0.3, 0.4 + j], 5.0),
+        "shuffle:oar-g": lambda j: ([0.2, 0.3, 0.35 + j], 5.0),
+        "oar-g@rule=sign": lambda j: ([0.2, 0.25, 0.3 + j], 5.0),
+    })
+    plain = t.finished_runs(tmp_path, warm_seeds=2, seeds=2)
+    assert not any(c == "oar-g@rule=bilevel" for c, _ in plain)
+    dirs = t.finished_runs(tmp_path, warm_seeds=2, seeds=2, bilevel_default=True)
+    assert dirs[("oar-g@rule=bilevel", "w1-s1")] == tmp_path / run_name("oar-g", 1, 1)
+    assert {c for c, _ in dirs} == {"grpo", "oar-g@rule=bilevel", "oar-g@rule=sign", "shuffle:oar-g@rule=bilevel"}
+    d = t.decompose(dirs)
+    assert d["rows"]["oar-g@rule=bilevel"]["equal_updates"]["mean"] == pytest.approx(0.1)
+    assert d["vs_control"]["oar-g@rule=bilevel"]["mean"] == pytest.approx(0.05)
+    assert "| OAR-G | +10.0 [" in t.markdown(d, units=4)

@@ -1,6 +1,7 @@
 """The decomposition's table, plot and verdict by its declared rule (issue #33 §2; protocol in README.md).
 
-Usage: ``python docs/studies/decomposition/table.py RUNS_DIR [--warm-seeds 2] [--seeds 3] [--columns A,B] [--out DIR]``.
+Usage: ``python docs/studies/decomposition/table.py RUNS_DIR [--warm-seeds 2] [--seeds 3] [--columns A,B] [--out DIR]
+[--bilevel-default]``.
 Reads the run directories ``oar compare --warm-seeds W --seeds S`` wrote for the screen's columns (importance ×
 rule, ``oracle-process``, ``grpo``, the controls and peers), keeps every finished run, and aggregates them over the
 (warm start, RL seed) units with :func:`oar.lab.summary.summarize_comparison` (GRPO the reference; the best perfect
@@ -34,22 +35,32 @@ IMPORTANCES = {  # row label -> column of that importance under a rule
 }
 OTHERS = ("oracle-process", "random", "sc-grpo", "grail")  # and any shuffle: control found in the directory
 REFERENCE = "grpo"
+# the LM lab's Bi-Level cells ran as the credits' registered defaults (amendment 3: the LM study's runs, whose
+# directories carry the default names; `rule='bilevel'` is every importance credit's default): directory name ->
+# grid column, with ``--bilevel-default``
+DEFAULT_NAMES = {"oracle-oar": "oracle-oar@rule=bilevel", "oar-g": "oar-g@rule=bilevel",
+                 "oar-p@horizon=2": "oar-p@horizon=2&rule=bilevel", "oar-prefix": "oar-prefix@rule=bilevel"}
+DEFAULT_NAMES |= {f"shuffle:{k}": f"shuffle:{v}" for k, v in DEFAULT_NAMES.items()}
 
 
 def grid_columns() -> list[str]:
     return [col.format(rule) for col in IMPORTANCES.values() for rule in RULES]
 
 
-def finished_runs(runs: Path, warm_seeds: int, seeds: int,
-                  columns: list[str] | None = None) -> dict[tuple[str, str], Path]:
+def finished_runs(runs: Path, warm_seeds: int, seeds: int, columns: list[str] | None = None,
+                  bilevel_default: bool = False) -> dict[tuple[str, str], Path]:
     """(column, unit) -> run directory, for every finished run of the screen's columns (unit ``wW-sS``), or of
-    ``columns`` only (GRPO always)."""
-    shuffles = sorted({p.name.rsplit("-s", 1)[0].split("-w")[0] for p in runs.glob("shuffle:*")})
+    ``columns`` only (GRPO always). ``bilevel_default``: a Bi-Level cell's runs are read from the directories of
+    the credit's default name (``oar-g-s0`` for ``oar-g@rule=bilevel``; :data:`DEFAULT_NAMES`)."""
+    on_disk = {v: k for k, v in DEFAULT_NAMES.items()} if bilevel_default else {}
+    rename = DEFAULT_NAMES if bilevel_default else {}
+    shuffles = sorted({rename.get(name, name) for name in
+                       (p.name.rsplit("-s", 1)[0].split("-w")[0] for p in runs.glob("shuffle:*"))})
     dirs = {}
     for column in [REFERENCE, *(columns or [*grid_columns(), *OTHERS, *shuffles])]:
         for w in range(warm_seeds):
             for seed in range(seeds):
-                path = runs / run_name(column, w, seed)
+                path = runs / run_name(on_disk.get(column, column), w, seed)
                 if RunDir(path).summary() is not None:
                     dirs[(column, f"w{w}-s{seed}")] = path
     return dirs
@@ -211,9 +222,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--columns", default=None, help="comma-separated columns to keep (GRPO always): the confirmation")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--bilevel-default", action="store_true",
+                    help="read each Bi-Level cell from the default-name runs (the LM lab: oar-g, oracle-oar, ...)")
     args = ap.parse_args()
     columns = [c for c in args.columns.split(",") if c] if args.columns else None
-    dirs = finished_runs(args.runs, args.warm_seeds, args.seeds, columns)
+    dirs = finished_runs(args.runs, args.warm_seeds, args.seeds, columns, args.bilevel_default)
     if not any(c == REFERENCE for c, _ in dirs):
         ap.error(f"no finished {REFERENCE} run in {args.runs}")
     d = decompose(dirs)
