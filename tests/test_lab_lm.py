@@ -158,9 +158,26 @@ def test_warm_start_config_checks_and_keys():
     assert base.key().startswith("lm-") and base.key() == LMWarmStartConfig().key()
     assert base.key() != LMWarmStartConfig(lora_rank=16).key() != LMWarmStartConfig(seed=1).key()
     for bad, message in (({"model": "gpt2"}, "must be one of"), ({"steps": 0}, "steps must be >= 1"),
-                         ({"lora_rank": -1}, "lora_rank must be >= 0"), ({"lr": float("nan")}, "lr must be")):
+                         ({"lora_rank": -1}, "lora_rank must be >= 0"), ({"lr": float("nan")}, "lr must be"),
+                         ({"bf16": "yes"}, "bf16 must be")):
         with pytest.raises(ValueError, match=message):
             LMWarmStartConfig(**bad)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_warm_start_numerics_follow_the_cpu_and_bf16_keeps_the_first_caches_keys(monkeypatch, fast):
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    monkeypatch.setattr("oar.cpu.fast_bf16", lambda: fast)
+    assert LMWarmStartConfig().bf16 is fast and LMWarmStartConfig(bf16=not fast).bf16 is (not fast)
+    bf16 = LMWarmStartConfig(bf16=True)
+    # the key formula of the caches made before the field existed (their numerics were bf16 autocast)
+    before = {k: v for k, v in asdict(bf16).items() if k != "bf16"}
+    blob = json.dumps({"v": 1, **before, "task": bf16.task.key_fields()}, sort_keys=True)
+    assert bf16.key() == "lm-" + hashlib.sha1(blob.encode()).hexdigest()[:16]
+    assert LMWarmStartConfig(bf16=False).key() != bf16.key()
 
 
 @pytest.mark.smollm2

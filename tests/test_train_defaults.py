@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from oar.cpu import fast_bf16
 from oar.train_run import cpu_defaults, parse_train_args
 
-FAST_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+FAST_BF16 = fast_bf16()
 ARGS = ["--model", "smollm2", "--dataset", "easy-arithmetic"]
 
 
@@ -24,11 +25,13 @@ def test_cpu_defaults_and_overrides(tmp_path, monkeypatch):
     assert config.gradient_checkpointing and not config.bf16 and config.oar_rollout_dtype == "float32"
 
 
-def test_no_rollout_copy_by_default_under_several_processes(monkeypatch):
+@pytest.mark.parametrize("fast", [True, False])
+def test_bf16_and_the_rollout_copy_follow_the_cpu_and_the_process_count(monkeypatch, fast):
+    monkeypatch.setattr("oar.cpu.fast_bf16", lambda: fast)  # either kind of CPU, wherever the test runs
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert cpu_defaults()["oar_rollout_dtype"] is None
+    assert cpu_defaults()["bf16"] is fast and cpu_defaults()["oar_rollout_dtype"] is None
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert cpu_defaults()["oar_rollout_dtype"] == ("bfloat16" if FAST_BF16 else None)
+    assert cpu_defaults()["oar_rollout_dtype"] == ("bfloat16" if fast else None)
 
 
 def test_the_bundled_dataset_reads_like_a_file():

@@ -95,9 +95,9 @@ def cpu_defaults() -> dict[str, Any]:
     single process there, rollouts sampled from a bf16 copy of the policy (``oar_rollout_dtype``)."""
     import os
 
-    import torch
+    from oar.cpu import fast_bf16 as cpu_fast_bf16
 
-    fast_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    fast_bf16 = cpu_fast_bf16()
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     return {"use_cpu": True, "bf16": fast_bf16, "gradient_checkpointing": False,
             "oar_rollout_dtype": "bfloat16" if fast_bf16 and one_process else None}

@@ -103,8 +103,11 @@ def chat_prompt(tokenizer: Any, prompt: str) -> str:
 @dataclass(frozen=True)
 class LMWarmStartConfig:
     """The LM lab's warm start: ``steps`` AdamW steps of ``batch_size`` fresh train problems of ``task`` (test
-    prompts excluded; with slips), loss on the assistant turn only, bf16 autocast over fp32 weights, linear
-    warm-up then cosine decay to ``min_lr_ratio * lr``. ``lora_rank`` 0 fine-tunes every weight; > 0 trains LoRA
+    prompts excluded; with slips), loss on the assistant turn only, linear warm-up then cosine decay to
+    ``min_lr_ratio * lr``. ``bf16``: the lab's numerics, in the warm start and in every RL run from it: bf16
+    autocast over fp32 weights (rollouts and evaluation sampled from a bf16 copy) when True, fp32 throughout
+    when False; None (the default) picks True on a CPU with fast bf16 matmuls, False elsewhere
+    (:func:`oar.cpu.fast_bf16`: emulated bf16 is ~50x slower than fp32), resolved at construction. ``lora_rank`` 0 fine-tunes every weight; > 0 trains LoRA
     adapters of that rank on every linear layer of the blocks (alpha = 2 x rank) and merges them into the weights
     it saves. ``model``: one of :data:`LM_MODELS`."""
 
@@ -118,8 +121,15 @@ class LMWarmStartConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     seed: int = 0
+    bf16: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.bf16 is None:
+            from oar.cpu import fast_bf16
+
+            object.__setattr__(self, "bf16", fast_bf16())
+        if not isinstance(self.bf16, bool):
+            raise ValueError(f"bf16 must be true, false or unset (this CPU's choice), got {self.bf16!r}")
         if self.model not in LM_MODELS:
             raise ValueError(f"LM lab model must be one of {LM_MODELS}, got {self.model!r}")
         for name in ("steps", "batch_size"):
@@ -131,7 +141,10 @@ class LMWarmStartConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
 
     def key(self) -> str:
-        blob = json.dumps({"v": LM_CACHE_VERSION, **asdict(self), "task": self.task.key_fields()}, sort_keys=True)
+        """The cache key: a hash of every field; ``bf16=True``, the numerics of the first cached warm starts, is
+        left out of it so those stay valid."""
+        fields = {k: v for k, v in asdict(self).items() if not (k == "bf16" and v)}
+        blob = json.dumps({"v": LM_CACHE_VERSION, **fields, "task": self.task.key_fields()}, sort_keys=True)
         return "lm-" + hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -194,7 +207,7 @@ def train_lm_sft(cfg: LMWarmStartConfig, progress: bool = True, report: Callable
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         ids, mask, labels = sft_rows(tok, train_batch(rng, cfg.task, cfg.batch_size))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             loss = sft_loss(trained, ids, mask, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -45,8 +45,8 @@ class RunConfig:
     ``gradient_checkpointing``: off (TRL turns it on by default; a 0.25 M-parameter model does not need it, and
     a GRPO step takes 0.97 s instead of 1.10 s without it, docs/studies/first-study).
     ``warm``: the character lab's warm start, or the language-model lab's (:class:`oar.lab.lm.LMWarmStartConfig`:
-    SmolLM2 in its chat template, trained under bf16 autocast over fp32 weights, rollouts and evaluation sampled
-    from a bf16 copy of the policy, :class:`oar.sampling.RolloutCopy`).
+    SmolLM2 in its chat template, trained in the numerics of its ``bf16`` field: bf16 autocast over fp32 weights with
+    rollouts and evaluation sampled from a bf16 copy of the policy, :class:`oar.sampling.RolloutCopy`, or fp32).
     """
 
     credit: str = "grpo"
@@ -208,8 +208,8 @@ def train_lab(cfg: RunConfig, run_dir: str | Path, cache_dir: str | Path | None 
         ds = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
         test_prompts = None
     args = OARConfig(
-        output_dir=str(run.path), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=lm,
-        oar_rollout_dtype="bfloat16" if lm else None,
+        output_dir=str(run.path), credit=cfg.credit, seed=cfg.seed, use_cpu=True, bf16=lm and cfg.warm.bf16,
+        oar_rollout_dtype="bfloat16" if lm and cfg.warm.bf16 else None,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size, num_generations=cfg.group_size,
         max_completion_length=max_len, temperature=cfg.temperature, top_k=0, top_p=1.0,
         learning_rate=cfg.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.warmup_steps,
