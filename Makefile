@@ -70,7 +70,8 @@ $(LOW_VENV)/.installed: $(STAMP) requirements-low.txt
 test-low: $(LOW_VENV)/.installed
 	$(LOW_VENV)/bin/python -c "import trl, transformers as t; assert (trl.__version__, t.__version__) == ('1.0.0', '5.0.0')"
 	$(LOW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_trainer.py tests/test_train_cli.py \
-		tests/test_importance_perturbation.py tests/test_importance_gradient.py tests/test_importance_guided.py
+		tests/test_importance_perturbation.py tests/test_importance_gradient.py tests/test_importance_guided.py \
+		tests/test_fast_paths.py
 
 # a user-side recipe, for a machine of your own with one CUDA GPU and an environment with verl, vLLM and Ray (see
 # the script's header): a short GSM8K-style GRPO run of verl with OAR-G. The lent GPU machine has neither vLLM nor

@@ -108,10 +108,11 @@ def test_every_script_path_named_in_the_docs_exists(page):
 
 
 def test_each_folder_holds_what_its_rule_says():
-    """benchmarks/: speed benchmarks (``bench_*.py``) and their shared setup only; checks/: the acceptance checks;
-    docs/studies/: one folder per study, each with its page, listed in the index (docs/architecture.md)."""
+    """benchmarks/: speed benchmarks (``bench_*.py``) and their shared setup (``_*.py``) only; checks/: the
+    acceptance checks; docs/studies/: one folder per study, each with its page, listed in the index
+    (docs/architecture.md)."""
     assert {p.name for p in (ROOT / "benchmarks").iterdir() if p.name != "__pycache__"} == \
-        {"_probes.py"} | {p.name for p in (ROOT / "benchmarks").glob("bench_*.py")}
+        {p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name.startswith(("_", "bench_"))}
     studies = ROOT / "docs" / "studies"
     index = (studies / "README.md").read_text(encoding="utf-8")
     for folder in sorted(p for p in studies.iterdir() if p.is_dir()):

@@ -20,18 +20,26 @@ def test_cpu_defaults_and_overrides(tmp_path, monkeypatch):
     assert config.use_cpu and not config.gradient_checkpointing
     assert config.bf16 == FAST_BF16
     assert config.oar_rollout_dtype == ("bfloat16" if FAST_BF16 else None)
+    assert config.oar_fast_sampler and config.oar_share_prompt and config.oar_loss_batch_size == 8
     _, config = parse_train_args([*ARGS, "--output_dir", str(tmp_path), "--gradient_checkpointing", "true",
-                                  "--bf16", "false", "--oar_rollout_dtype", "float32"])
+                                  "--bf16", "false", "--oar_rollout_dtype", "float32", "--oar_fast_sampler", "false",
+                                  "--oar_share_prompt", "false", "--oar_loss_batch_size", "32"])
     assert config.gradient_checkpointing and not config.bf16 and config.oar_rollout_dtype == "float32"
+    assert not config.oar_fast_sampler and not config.oar_share_prompt and config.oar_loss_batch_size == 32
 
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_bf16_and_the_rollout_copy_follow_the_cpu_and_the_process_count(monkeypatch, fast):
     monkeypatch.setattr("oar.cpu.fast_bf16", lambda: fast)  # either kind of CPU, wherever the test runs
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert cpu_defaults()["bf16"] is fast and cpu_defaults()["oar_rollout_dtype"] is None
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the one-process paths are off
+    several = cpu_defaults()
+    assert several["bf16"] is fast and several["oar_rollout_dtype"] is None
+    assert not several["oar_fast_sampler"] and not several["oar_share_prompt"]
+    assert several["oar_loss_batch_size"] is None
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert cpu_defaults()["oar_rollout_dtype"] == ("bfloat16" if fast else None)
+    one = cpu_defaults()
+    assert one["oar_rollout_dtype"] == ("bfloat16" if fast else None)
+    assert one["oar_fast_sampler"] and one["oar_share_prompt"] and one["oar_loss_batch_size"] == 8
 
 
 def test_the_bundled_dataset_reads_like_a_file():

@@ -36,8 +36,10 @@ def sample_tokens(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
 
     Returns the new tokens ``[B, <= max_new_tokens]``: each row up to and including its first eos, then
     ``pad_token_id``; it stops once every row has ended. Positions count real tokens only, so a left-padded row
-    samples as it would alone. Rows that have ended leave the batch (and the KV cache) once a quarter of the rows
-    still running have ended, so a few long rows do not keep paying for the whole batch.
+    samples as it would alone. Rows with the same prompt (GRPO's groups) share one prefill: it runs on each
+    distinct prompt once and its KV cache is repeated for the rows. Rows that have ended leave the batch (and the
+    KV cache) once a quarter of the rows still running have ended, so a few long rows do not keep paying for the
+    whole batch.
     """
     from transformers import DynamicCache
 
@@ -50,8 +52,12 @@ def sample_tokens(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     mask = attention_mask.long()
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     cache = DynamicCache()
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1]
+    first, inverse = distinct_rows(torch.cat([input_ids, mask], dim=1))
+    logits = model(input_ids=input_ids[first], attention_mask=mask[first], position_ids=pos[first],
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    if first.numel() < B:  # a prompt shared by several rows is prefilled once; its cache is repeated for them
+        cache.batch_select_indices(inverse)
+        logits = logits[inverse]
     rows = torch.arange(B, device=input_ids.device)  # the original row of each row still in the batch
     done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     next_pos = pos[:, -1:] + 1
@@ -74,6 +80,20 @@ def sample_tokens(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     return out[:, :length]
 
 
+def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, inverse)`` of the rows of ``rows [B, L]``: the index of the first row of each distinct row
+    ``[U]`` (in order of appearance) and each row's position in ``first`` ``[B]``, so ``rows[first][inverse]``
+    equals ``rows``."""
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    n = rows.shape[0]
+    first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(n, device=rows.device), "amin")
+    order = torch.argsort(first)  # distinct rows in order of appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=rows.device)
+    return first[order], rank[inverse]
+
+
 def plain_sampling(config: Any) -> bool:
     """Whether a ``GenerationConfig`` asks for nothing but ancestral sampling at a temperature (no top-k/top-p/
     min-p truncation, no repetition penalty, no beams), the case :func:`sample_tokens` implements."""
@@ -91,10 +111,8 @@ def plain_sampling(config: Any) -> bool:
 class RolloutCopy:
     """The policy's weights in ``dtype`` (e.g. ``torch.bfloat16``), for sampling rollouts only.
 
-    :meth:`sync` copies the policy's current parameters and buffers in (one cast per tensor); :meth:`generate`
-    has ``model.generate``'s call form and result layout (``[B, P + T]``: the prompts, then the new tokens padded
-    with ``pad_token_id``) and uses :func:`sample_tokens` when the generation config is plain sampling
-    (:func:`plain_sampling`), transformers' ``generate`` on the copy otherwise. The copy never trains.
+    :meth:`sync` copies the policy's current parameters and buffers in (one cast per tensor); :meth:`generate` is
+    :func:`generate` on the copy. The copy never trains.
     """
 
     def __init__(self, policy: Any, dtype: torch.dtype, generator: torch.Generator | None = None) -> None:
@@ -118,18 +136,26 @@ class RolloutCopy:
             if name in src_buffers:
                 b.copy_(src_buffers[name])
 
-    @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  generation_config: Any = None, **kwargs: Any) -> torch.Tensor:
-        config = generation_config if generation_config is not None else self.model.generation_config
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        if kwargs or not plain_sampling(config):  # what the fast path does not implement: transformers' generate
-            return self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                       generation_config=config, **kwargs)
-        eos = config.eos_token_id if config.eos_token_id is not None else []
-        pad = config.pad_token_id if config.pad_token_id is not None else (eos if isinstance(eos, int) else eos[0])
-        new = sample_tokens(self.model, input_ids, attention_mask, max_new_tokens=config.max_new_tokens,
-                            temperature=config.temperature if config.do_sample else 0.0, eos_token_ids=eos,
-                            pad_token_id=pad, generator=self.generator)
-        return torch.cat([input_ids, new], dim=1)
+        return generate(self.model, input_ids, attention_mask, generation_config, self.generator, **kwargs)
+
+
+@torch.no_grad()
+def generate(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+             generation_config: Any = None, generator: torch.Generator | None = None, **kwargs: Any) -> torch.Tensor:
+    """``model.generate``'s call form and result layout (``[B, P + T]``: the prompts, then the new tokens padded
+    with ``pad_token_id``), by :func:`sample_tokens` when the generation config is plain sampling
+    (:func:`plain_sampling`) and no other keyword is given, by transformers' ``generate`` otherwise."""
+    config = generation_config if generation_config is not None else model.generation_config
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if kwargs or not plain_sampling(config):  # what the fast path does not implement: transformers' generate
+        return type(model).generate(model, input_ids=input_ids, attention_mask=attention_mask,
+                                    generation_config=config, **kwargs)
+    eos = config.eos_token_id if config.eos_token_id is not None else []
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos if isinstance(eos, int) else eos[0])
+    new = sample_tokens(model, input_ids, attention_mask, max_new_tokens=config.max_new_tokens,
+                        temperature=config.temperature if config.do_sample else 0.0, eos_token_ids=eos,
+                        pad_token_id=pad, generator=generator)
+    return torch.cat([input_ids, new], dim=1)

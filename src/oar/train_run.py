@@ -91,16 +91,20 @@ def parse_train_args(argv: list[str]) -> tuple[TrainArguments, OARConfig]:
 def cpu_defaults() -> dict[str, Any]:
     """``oar train``'s defaults on a CPU (docs/results/lm_step.md measures each): no gradient checkpointing (TRL's
     default recomputes every activation, for memory a CPU has); bf16 autocast over fp32 master weights where the
-    CPU has fast bf16 matmuls (oneDNN: AVX512-BF16 or AMX), which loses no update, unlike bf16 weights; and, in a
-    single process there, rollouts sampled from a bf16 copy of the policy (``oar_rollout_dtype``)."""
+    CPU has fast bf16 matmuls (oneDNN: AVX512-BF16 or AMX; :func:`oar.cpu.fast_bf16`), which loses no update, unlike
+    bf16 weights. In a single process also: rollouts sampled by oar's sampler (``oar_fast_sampler``), from a bf16
+    copy of the policy where bf16 is fast (``oar_rollout_dtype``); the loss's passes with the head on completion
+    positions and each group's prompt encoded once (``oar_share_prompt``), in micro-batches of 8 completions
+    (``oar_loss_batch_size``: the loss's activations of 8 completions at a time, not the whole batch's)."""
     import os
 
     from oar.cpu import fast_bf16 as cpu_fast_bf16
 
     fast_bf16 = cpu_fast_bf16()
-    one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    one = int(os.environ.get("WORLD_SIZE", "1")) == 1
     return {"use_cpu": True, "bf16": fast_bf16, "gradient_checkpointing": False,
-            "oar_rollout_dtype": "bfloat16" if fast_bf16 and one_process else None}
+            "oar_rollout_dtype": "bfloat16" if fast_bf16 and one else None, "oar_fast_sampler": one,
+            "oar_share_prompt": one, "oar_loss_batch_size": 8 if one else None}
 
 
 def check_steps(config: OARConfig) -> None:

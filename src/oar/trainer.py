@@ -10,6 +10,7 @@ computed once and reused across ``num_iterations`` and ``steps_per_generation``,
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -31,12 +32,15 @@ from oar.credit.metrics import gather_totals, metric_totals, metrics_from_totals
 from oar.distributed import FSDP1_MESSAGE, equal_scorer_calls, full_policy, group_token_credit, sharding_of
 from oar.probe import ANSWER_SOURCES, DEFAULT_CONCLUDE
 from oar.ranges import check_finite_fields, check_range
+from oar.trl_loss import chunking_blocker, loss_chunks, take_rows
 from oar.trl_rollout import RolloutRewards
 
 # deprecated OARConfig fields, each an alias of one credit option (write NAME@OPTION=VALUE into `credit` instead)
 DEPRECATED_OPTION_FIELDS = {"oar_tau": "tau", "oar_beta": "beta", "oar_floor": "floor", "probe_mode": "mode",
                             "noise_std": "noise_std", "oar_chunk_size": "chunk_size"}
 logger = logging.getLogger(__name__)
+# TRL >= 1.x's _get_per_token_logps_and_entropies also returns the MoE router loss (TRL 1.0 returns two values)
+_RETURNS_AUX_LOSS = "compute_aux_loss" in inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters
 
 
 def _deprecated(option: str) -> dict[str, str]:
@@ -79,7 +83,11 @@ class OARConfig(GRPOConfig):
 
         > Rollouts
 
-        oar_rollout_dtype
+        oar_rollout_dtype, oar_fast_sampler
+
+        > Speed and memory of the loss pass
+
+        oar_share_prompt, oar_loss_batch_size
 
         > Token-credit dumps
 
@@ -140,6 +148,29 @@ class OARConfig(GRPOConfig):
                           "`oar train` sets it to bfloat16 on a CPU with fast bf16 matmuls."},
     )
 
+    oar_fast_sampler: bool = field(
+        default=False,
+        metadata={"help": "Sample plain-sampling rollouts on the policy with oar's sampler (oar.sampling: each "
+                          "distinct prompt prefilled once, inverse-CDF draws, finished rows leave the batch) instead "
+                          "of transformers' generate (the rollout copy of oar_rollout_dtype always uses it). One "
+                          "process without FSDP, ZeRO-3 or vLLM; `oar train` turns it on on a CPU."},
+    )
+    oar_share_prompt: bool = field(
+        default=False,
+        metadata={"help": "Compute the loss's log-probs with oar.teacher_forcing: the LM head on completion "
+                          "positions only, in chunks, and each distinct prompt encoded once for the completions that "
+                          "share it (the same quantity, other rounding: docs/results/lm_step.md). Applies in one "
+                          "process to a plain causal LM (not FSDP, ZeRO-3, PEFT, gradient checkpointing or "
+                          "multimodal inputs; TRL's pass otherwise); `oar train` turns it on on a CPU."},
+    )
+    oar_loss_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Completions per loss forward and backward, >= 1, a prompt's completions kept together "
+                          "(bounds the loss's activation memory; the micro-batches' gradients sum to the batch's, "
+                          "oar.trl_loss). None = the whole rollout batch at once, as TRL does. One process; `oar "
+                          "train` sets 8 on a CPU."},
+    )
+
     def __post_init__(self) -> None:
         check_finite_fields(self)  # before transformers' own checks, which crash on inf (int(inf) steps)
         super().__post_init__()
@@ -153,6 +184,8 @@ class OARConfig(GRPOConfig):
             raise ValueError(f"answer_source must be one of {ANSWER_SOURCES}, got {self.answer_source!r}")
         for name in ("oar_batch_size", "oar_dump_count"):
             check_range(name, getattr(self, name), ">= 1")
+        if self.oar_loss_batch_size is not None:
+            check_range("oar_loss_batch_size", self.oar_loss_batch_size, ">= 1")
         check_range("oar_dump_every", self.oar_dump_every, ">= 0")
         if self.oar_max_probe_length is not None:
             check_range("oar_max_probe_length", self.oar_max_probe_length, ">= 2")
@@ -290,6 +323,14 @@ class OARGRPOTrainer(GRPOTrainer):
 
             self._rollout_copy = RolloutCopy(self.accelerator.unwrap_model(self.model),
                                              getattr(torch, self.args.oar_rollout_dtype))
+        if self.args.oar_fast_sampler and (self.accelerator.num_processes > 1 or self.use_vllm
+                                           or sharding_of(self.model_wrapped) is not None):
+            raise ValueError("oar_fast_sampler needs one process without FSDP, ZeRO-3 or vLLM; set it to false")
+        self._loss_batch_size = self.args.oar_loss_batch_size
+        if self._loss_batch_size is not None and (why := chunking_blocker(self)) is not None:
+            logger.warning("oar: oar_loss_batch_size=%d is not used: the loss is computed on the whole batch with %s",
+                           self._loss_batch_size, why)
+            self._loss_batch_size = None
 
     # --- the one TRL hook ------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -314,17 +355,84 @@ class OARGRPOTrainer(GRPOTrainer):
     @contextmanager
     def _rollouts_from_copy(self) -> Iterator[None]:
         """With ``oar_rollout_dtype``: TRL's ``generate`` call on the policy is served by the rollout copy, synced
-        with the policy's current weights first (:class:`oar.sampling.RolloutCopy`); otherwise nothing changes."""
-        if self._rollout_copy is None:
+        with the policy's current weights first (:class:`oar.sampling.RolloutCopy`); with ``oar_fast_sampler``, by
+        :func:`oar.sampling.generate` on the policy itself; otherwise nothing changes."""
+        if self._rollout_copy is None and not self.args.oar_fast_sampler:
             yield
             return
+        from oar import sampling
+
         policy = self.accelerator.unwrap_model(self.model)
-        self._rollout_copy.sync(policy)
-        policy.generate = self._rollout_copy.generate  # an instance attribute, removed below
+        if self._rollout_copy is not None:
+            self._rollout_copy.sync(policy)
+            serve = self._rollout_copy.generate
+        else:
+            def serve(*args: Any, **kwargs: Any) -> torch.Tensor:
+                return sampling.generate(policy, *args, **kwargs)
+        policy.generate = serve  # an instance attribute, removed below
         try:
             yield
         finally:
             del policy.generate
+
+    # --- the loss pass (oar.teacher_forcing, oar.trl_loss) ----------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                           logits_to_keep: int, batch_size: int | None = None,
+                                           compute_entropy: bool = False, **kwargs: Any) -> tuple:
+        """TRL's per-token log-probs and entropies ``[B, C]``; with ``oar_share_prompt``, where it applies, by
+        :func:`oar.teacher_forcing.completion_logprobs` (completion positions only, shared prompts once)."""
+        if not self._fast_pass_applies(model, logits_to_keep, input_ids.shape[1], kwargs):
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, compute_entropy, **kwargs)
+        from oar.teacher_forcing import completion_logprobs
+
+        policy = self.accelerator.unwrap_model(model)
+        step = batch_size or input_ids.shape[0]
+        logps, entropies = [], []
+        for s in range(0, input_ids.shape[0], step):
+            with self.accelerator.autocast():
+                lp, ent = completion_logprobs(policy, input_ids[s:s + step], attention_mask[s:s + step],
+                                              logits_to_keep, temperature=self.temperature)
+            logps.append(lp)
+            entropies.append(ent)
+        out = (torch.cat(logps), torch.cat(entropies) if compute_entropy else None)
+        return (*out, None) if _RETURNS_AUX_LOSS else out
+
+    def _fast_pass_applies(self, model: Any, logits_to_keep: int, width: int, extra: dict[str, Any]) -> bool:
+        from oar.teacher_forcing import supports_fast_pass
+
+        if not self.args.oar_share_prompt or width <= logits_to_keep or self.args.gradient_checkpointing:
+            return False
+        if any(v is not None and v is not False for v in extra.values()):  # multimodal inputs, the MoE aux loss
+            return False
+        if self.accelerator.num_processes > 1 or sharding_of(self.model_wrapped) is not None \
+                or getattr(self, "_entropy_bonus_enabled", False) or getattr(self, "use_liger_kernel", False):
+            return False
+        policy = self.accelerator.unwrap_model(model)
+        return not hasattr(policy, "peft_config") and supports_fast_pass(policy)
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        """TRL's loss; with ``oar_loss_batch_size``, in micro-batches of whole prompt groups (:mod:`oar.trl_loss`),
+        each but the last run backward here with the scale the Trainer gives the returned loss."""
+        chunks = None
+        if self._loss_batch_size is not None and self.model.training:
+            chunks = loss_chunks(inputs, self._loss_batch_size, self.loss_type)
+        if chunks is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        scaled = getattr(self, "loss_is_scaled_for_ga", None)
+        if scaled is None:  # the Trainer's own rule (transformers < 5.x without the attribute)
+            scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) \
+                or self.compute_loss_func is not None
+        scale = 1.0 if scaled else 1.0 / self.current_gradient_accumulation_steps
+        done = 0.0
+        for i, (rows, weight) in enumerate(chunks):
+            loss = super().compute_loss(model, take_rows(inputs, rows), return_outputs, num_items_in_batch) * weight
+            if i + 1 == len(chunks):
+                return loss + done
+            self.accelerator.backward(loss * scale)
+            done = done + loss.detach()
+        raise AssertionError("unreachable")
 
     def _token_credit(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> TokenCredit:
         """This process's token credit of the rollout batch (completions with a non-zero advantage are scored).

@@ -1,16 +1,11 @@
 """Where the time of one SmolLM2 GRPO step goes, per operator (torch.profiler), phase by phase (issue #47).
 
-A trainer is built as ``oar train`` builds it (the CPU defaults of this machine, :func:`oar.train_run.cpu_defaults`)
-at one of three shapes; the first step is a warm-up, the next one is profiled, each phase (generation, rewards,
-token credit, the loss forward, the backward, the optimizer step) under its own ``torch.profiler`` so its operator
-table is its own:
+A trainer is built as ``oar train`` builds it (this machine's CPU defaults, :func:`oar.train_run.cpu_defaults`) at
+one of the shapes of ``_lm_step.py`` (``bench``, ``lab``, ``demo``); the first step is a warm-up, the next one is
+profiled, each phase (generation, rewards, token credit, the loss forward, the backward, the optimizer step) under
+its own ``torch.profiler`` so its operator table is its own.
 
-- ``bench``: ``bench_lm_step.py``'s shape, 2 prompts × 8 completions of <= 96 tokens, bundled ``easy-arithmetic``;
-- ``lab``: the LM lab's, 4 prompts × 4 completions of the lab task in SmolLM2's chat template (lr 5e-6,
-  ``dr_grpo``), on the base model (the profile needs the shapes, not the warm start's weights);
-- ``demo``: ``recipes/smollm2-easy-arithmetic.yaml`` (4 × 8, <= 32 tokens, two worked examples as chat turns).
-
-    OMP_NUM_THREADS=1 python benchmarks/profile_lm_step.py --shape lab --credits grpo,oar-g,oar-p@horizon=2 \
+    OMP_NUM_THREADS=1 python benchmarks/bench_lm_profile.py --shape lab --credits grpo,oar-g,oar-p@horizon=2 \
         --out docs/results/lm_profile/lab
 
 Writes ``OUT.md`` (phase seconds, then each phase's top operators by self CPU time) and ``OUT.json``.
@@ -27,60 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-PHASES = ("generate", "reward", "credit", "forward", "backward", "optimizer")
-SHAPES = ("bench", "lab", "demo")
-
-
-def cpu_features() -> dict:
-    """The CPU's model name and the matmul-relevant feature flags Linux reports (avx2, avx512*, amx*)."""
-    out = {"model": "unknown", "flags": []}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        if line.startswith("model name") and out["model"] == "unknown":
-            out["model"] = line.split(":", 1)[1].strip()
-        if line.startswith("flags"):
-            flags = line.split(":", 1)[1].split()
-            out["flags"] = sorted(f for f in flags if f.startswith(("avx2", "avx512", "amx", "fma")))
-            break
-    return out
-
-
-def build(shape: str, credit: str, steps: int, overrides: dict):
-    """The trainer of ``shape`` with ``credit``, ``steps`` steps, this machine's CPU defaults plus ``overrides``."""
-    from oar.train_run import TrainArguments, build_trainer, cpu_defaults
-    from oar.trainer import OARConfig
-
-    common = dict(output_dir=f"/tmp/oar-profile/{shape}", credit=credit, seed=0, max_steps=steps, beta=0.0,
-                  logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, **cpu_defaults())
-    common.update(overrides)
-    if shape in ("bench", "demo"):
-        worked = 2 if shape == "demo" else 0
-        size = (4, 8, 32, 1e-5) if shape == "demo" else (2, 8, 96, 1e-5)
-        config = OARConfig(per_device_train_batch_size=size[0] * size[1], num_generations=size[1],
-                           max_completion_length=size[2], learning_rate=size[3], temperature=1.0, **common)
-        script = TrainArguments(model="smollm2", dataset="easy-arithmetic", conversational="true" if worked else "auto",
-                                prompt_template="{question}" if worked else TrainArguments.prompt_template,
-                                worked_examples=worked)
-        return build_trainer(script, config)
-    from datasets import Dataset
-
-    from oar.lab.lm import LM_RECIPE
-    from oar.lab.task import BOXED, TaskConfig, lab_reward, make_split, max_completion_chars
-    from oar.models import load_model_and_tokenizer
-    from oar.trainer import OARGRPOTrainer
-
-    task = TaskConfig()
-    train = make_split(task, "train", 256, seed=0)
-    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p.prompt}], "answer": p.answer} for p in train])
-    model, tok = load_model_and_tokenizer("smollm2")
-    config = OARConfig(per_device_train_batch_size=LM_RECIPE["prompts_per_step"] * LM_RECIPE["group_size"],
-                       num_generations=LM_RECIPE["group_size"], max_completion_length=max_completion_chars(task) + 8,
-                       learning_rate=LM_RECIPE["lr"], loss_type="dr_grpo", temperature=1.0, top_k=0, top_p=1.0,
-                       lr_scheduler_type="constant", conclude_text=BOXED, **common)
-    return OARGRPOTrainer(model=model, args=config, processing_class=tok, reward_funcs=lab_reward, train_dataset=ds)
+from _lm_step import PHASES, SHAPES, build_trainer_at, cpu_features, step_tokens
 
 
 def profile_one(shape: str, credit: str, rows: int, overrides: dict) -> dict:
@@ -92,7 +34,8 @@ def profile_one(shape: str, credit: str, rows: int, overrides: dict) -> dict:
     from oar.quiet import quiet_libraries
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    seconds: dict[str, float] = {}
+    seconds: dict[str, float] = {}  # wall seconds per phase
+    cpu: dict[str, float] = {}  # the training thread's CPU seconds per phase (other jobs on the machine excluded)
     tables: dict[str, list] = {}
     tokens: dict[str, float] = {}
     state = {"step": 0, "t0": 0.0, "total": 0.0}
@@ -103,9 +46,10 @@ def profile_one(shape: str, credit: str, rows: int, overrides: dict) -> dict:
             if state["step"] != 1:  # the warm-up step is not profiled
                 return f(*a, **k)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 out = f(*a, **k)
                 seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t
+                cpu[name] = cpu.get(name, 0.0) + time.thread_time() - c
             ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
             tables.setdefault(name, []).extend(
                 {"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6} for e in ops[:rows])
@@ -122,7 +66,7 @@ def profile_one(shape: str, credit: str, rows: int, overrides: dict) -> dict:
             state["step"] += 1
 
     with quiet_libraries(False):
-        trainer = build(shape, credit, 2, overrides)
+        trainer = build_trainer_at(shape, credit, 2, overrides)
     trainer.add_callback(Clock())
     trainer._generate_single_turn = phase("generate", trainer._generate_single_turn)
     trainer._calculate_rewards = phase("reward", trainer._calculate_rewards)
@@ -136,28 +80,31 @@ def profile_one(shape: str, credit: str, rows: int, overrides: dict) -> dict:
     def count(inputs):
         out = score(inputs)
         if state["step"] == 1:
-            tokens.update(completion=float(out["completion_mask"].sum()), prompt=float(out["prompt_mask"].sum()),
-                          rows=float(out["completion_ids"].shape[0]), decode_steps=float(out["completion_ids"].shape[1]))
+            tokens.update(step_tokens(out))
         return out
 
     trainer._generate_and_score_completions = count
     with quiet_libraries(False):
         trainer.train()
-    return {"shape": shape, "credit": credit, "step_s": state["total"], "seconds": seconds, "tables": tables,
+    return {"shape": shape, "credit": credit, "step_s": state["total"], "seconds": seconds, "cpu_seconds": cpu,
+            "tables": tables,
             "tokens": tokens, "overrides": overrides}
 
 
 def markdown(results: list[dict], machine: dict) -> str:
-    lines = [f"# One SmolLM2 GRPO step, per phase and operator (benchmarks/profile_lm_step.py, shape "
+    lines = [f"# One SmolLM2 GRPO step, per phase and operator (benchmarks/bench_lm_profile.py, shape "
              f"`{results[0]['shape']}`)", "",
              f"CPU: {machine['cpu']['model']} ({', '.join(machine['cpu']['flags']) or 'no AVX flags'}); torch "
              f"{machine['torch']}, {machine['threads']} thread(s); defaults {machine['defaults']}.", "",
+             "Seconds per phase: wall (the training thread's CPU seconds in brackets). The step's wall time includes"
+             " the profiler's own bookkeeping between phases.", "",
              "| credit | step s | " + " | ".join(PHASES) + " | rows | prompt tok | completion tok |",
              "|---|---|" + "---|" * len(PHASES) + "---|---|---|"]
     for r in results:
         t = r["tokens"]
         lines.append(f"| `{r['credit']}` | {r['step_s']:.2f} | "
-                     + " | ".join(f"{r['seconds'].get(p, 0.0):.2f}" for p in PHASES)
+                     + " | ".join(f"{r['seconds'].get(p, 0.0):.2f} ({r['cpu_seconds'].get(p, 0.0):.2f})"
+                                  for p in PHASES)
                      + f" | {t.get('rows', 0):.0f} | {t.get('prompt', 0):.0f} | {t.get('completion', 0):.0f} |")
     for r in results:
         for p in PHASES:
