@@ -182,3 +182,23 @@ def test_fast_sampler_serves_trls_generate_on_the_policy(tmp_path, char_tokenize
                                                                            oar_fast_sampler=True), peer=False)
     assert calls and all(m is trainer.model for m in calls)  # the policy itself, no copy
     assert "generate" not in vars(trainer.model)  # the served generate is removed after the rollout
+
+
+@pytest.mark.parametrize("mode", ["answer_joint", "answer_mean"])
+def test_oar_g_shares_a_groups_prompt_pass_with_the_same_scores(monkeypatch, mode):
+    from oar.importance import gradient
+
+    model = make_tiny_lm(300, "llama")
+    ids, mask = _grouped_rows(300, groups=2, group=3, P=8, C=10)  # prompts of 8 and 6 tokens: under the 48 minimum
+    reasoning = torch.zeros_like(mask, dtype=torch.bool)
+    answer = torch.zeros_like(reasoning)
+    reasoning[:, 8:12] = True
+    answer[:, 12:14] = True
+    out = []
+    for shared in (True, False):
+        if not shared:  # no row shares its prefix: the prompt runs with the rest (no cache under 48 tokens)
+            monkeypatch.setattr(gradient, "distinct_rows", lambda rows: (torch.arange(rows.shape[0]),) * 2)
+        gen = torch.Generator().manual_seed(0)
+        out.append(gradient.gradient_scores(model, ids, mask, reasoning, answer, mode=mode, generator=gen))
+    assert out[0][reasoning].abs().sum() > 0
+    torch.testing.assert_close(out[0], out[1], atol=1e-6, rtol=1e-4)

@@ -3,8 +3,9 @@
 ``J = KL(P_0 || P_final(e + δ))`` (modes ``last`` / ``answer_mean``, δ ~ N(0, σ²) on the reasoning
 rows; the KL has zero gradient at δ = 0) or ``J = φ_0 - φ(e + δ)`` (``answer_joint``; σ = 0 allowed,
 and φ_0 is a constant so no clean forward is needed). ``I_t = |Σ_h (∂J/∂e_t)_h e_{t,h}|``.
-The columns before every row's first reasoning token (the prompt), when long enough, run once without autograd
-into a key/value cache that both passes read; the passes stop after the last position the outcome reads.
+The columns before every row's first reasoning token (the prompt), when long enough or shared by several rows (a
+GRPO group's probes), run once per distinct prefix without autograd into a key/value cache that both passes read;
+the passes stop after the last position the outcome reads.
 The embeddings ``e`` are taken from the embedding layer's output inside the model's forward (a hook), never by
 calling the layer directly, so the scorer also runs on a model whose weights are sharded (FSDP2).
 
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 import torch
 
 from oar.importance._common import check_inputs, divergence, outcome, readout_positions, scoring_mode
+from oar.sampling import distinct_rows
 
 # OAR-G's noise σ in the KL modes when none is given (OAR_SPEC §3: the KL has zero gradient at δ = 0)
 KL_NOISE_STD = 1e-3
@@ -55,7 +57,8 @@ def gradient_scores(
             at once, so results do not depend on ``batch_size``).
         batch_size: rows per forward/backward (default: the whole batch).
         prefix_cache_min: the columns before every row's first reasoning token run once without autograd into a
-            key/value cache when there are at least this many (same scores; see :data:`PREFIX_CACHE_MIN`).
+            key/value cache when there are at least this many, or when several rows share them (once per distinct
+            prefix; same scores; see :data:`PREFIX_CACHE_MIN`).
 
     Returns:
         ``[B, L]`` float32 scores, 0 outside the reasoning and on rows without reasoning or answer.
@@ -90,15 +93,20 @@ def gradient_scores(
             # columns [0, cut) precede every row's reasoning: their keys/values are computed once, without autograd;
             # the passes run only columns [cut, end), end = after the last position the outcome reads
             cut = int(torch.where(reasoning, pos[: idx.numel()], L).amin())
-            cut = cut if cut >= max(prefix_cache_min, 1) else 0
+            # rows whose columns before the cut are equal (a GRPO group's probes) share one prefix pass
+            first, inverse = distinct_rows(torch.cat([ids[:, :cut], am[:, :cut]], dim=1)) if cut else (None, None)
+            shared = first is not None and first.numel() < idx.numel()
+            cut = cut if cut >= max(prefix_cache_min, 1) or (shared and cut > 0) else 0
             end = int(keep[-1]) + 1
             cols = slice(cut, end)
             prefix = None
             if cut > 0:
                 with torch.no_grad():
-                    prefix = model(input_ids=ids[:, :cut], attention_mask=am[:, :cut],
-                                   position_ids=position_ids[:, :cut], use_cache=True,
+                    prefix = model(input_ids=ids[first, :cut], attention_mask=am[first, :cut],
+                                   position_ids=position_ids[first, :cut], use_cache=True,
                                    logits_to_keep=1).past_key_values
+                if shared:
+                    prefix.batch_select_indices(inverse)
             with torch.no_grad():
                 if mode != "answer_joint":
                     logits = model(input_ids=ids[:, cols], attention_mask=am[:, :end],

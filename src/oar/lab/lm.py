@@ -45,7 +45,10 @@ LABS = ("char", *LM_MODELS)  # oar compare --lab: the character lab's tiny model
 # the LM lab's RL recipe (RunConfig fields; every preset) and its study protocol (every preset but --quick, which
 # keeps LM_QUICK and a LM_QUICK_WARM_STEPS-step warm start), chosen with GRPO pilots before any credit study
 # (docs/lab.md, "The language-model lab")
-LM_RECIPE = {"prompts_per_step": 4, "group_size": 4, "lr": 5e-6, "freeze_embeddings": False, "train_pool": 5000}
+# the sampler and loss pass of oar train's one-process CPU path (docs/results/lm_step.md): the same function of the
+# weights as TRL's to float32 rounding, a group's shared prompt encoded once
+LM_RECIPE = {"prompts_per_step": 4, "group_size": 4, "lr": 5e-6, "freeze_embeddings": False, "train_pool": 5000,
+             "oar": {"oar_fast_sampler": True, "oar_share_prompt": True}}
 LM_PROTOCOL = {"budget_s": 1200.0, "eval_every": 10, "eval_problems": 128, "eval_k": 2}
 LM_QUICK = {"budget_s": 20.0, "eval_every": 2, "eval_problems": 8, "eval_k": 1}
 LM_QUICK_WARM_STEPS = 4
@@ -107,7 +110,8 @@ class LMWarmStartConfig:
     ``min_lr_ratio * lr``. ``bf16``: the lab's numerics, in the warm start and in every RL run from it: bf16
     autocast over fp32 weights (rollouts and evaluation sampled from a bf16 copy) when True, fp32 throughout
     when False; None (the default) picks True on a CPU with fast bf16 matmuls, False elsewhere
-    (:func:`oar.cpu.fast_bf16`: emulated bf16 is ~50x slower than fp32), resolved at construction. ``lora_rank`` 0 fine-tunes every weight; > 0 trains LoRA
+    (:func:`oar.cpu.fast_bf16`: emulated bf16 is ~50x slower than fp32), resolved at construction.
+    ``lora_rank`` 0 fine-tunes every weight; > 0 trains LoRA
     adapters of that rank on every linear layer of the blocks (alpha = 2 x rank) and merges them into the weights
     it saves. ``model``: one of :data:`LM_MODELS`."""
 
