@@ -59,7 +59,8 @@ def test_sc_grpo_is_the_kl_to_the_self_conditioned_policy(char_tokenizer, tiny_q
         assert torch.all(scores[r, len(y):] == 0) and want.max() > 0
     # only the active rows are scored
     part = sc_grpo_scores(batch, active=torch.tensor([True, False, False, False, True]))
-    assert torch.equal(part[0], scores[0]) and torch.all(part[1:4] == 0)
+    torch.testing.assert_close(part[0], scores[0], rtol=1e-4, atol=1e-6)  # other batch rows: other rounding
+    assert torch.all(part[1:4] == 0)
 
 
 def test_sc_grpo_weights_keep_the_mass_and_leave_unconditioned_rows_alone():
@@ -78,7 +79,7 @@ def test_sc_grpo_runs_as_a_group_credit_with_its_controls(char_tokenizer, tiny_q
         assert tc.weights[r, : n[r]].mean().item() == pytest.approx(1.0, abs=1e-5)
     assert torch.all(tc.weights[3] == 1)
     shuf = token_credit("shuffle:sc-grpo", batch, generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(shuf.weights[0, : n[0]].sort().values, tc.weights[0, : n[0]].sort().values)
+    assert torch.allclose(shuf.weights[0, : n[0]].sort().values, tc.weights[0, : n[0]].sort().values, rtol=1e-4)
     m = get_credit("sc-grpo")
     assert m.needs_group and m.needs_policy and not m.needs_probe and "rule" not in m.options
     with pytest.raises(ValueError, match="needs the rollout group"):

@@ -97,7 +97,8 @@ def supports_fast_pass(model: Any) -> bool:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     scaled = any(getattr(text, name, None) not in (None, 1.0) for name in SCALING_FIELDS)
     base = getattr(model, "base_model", None)
-    return not scaled and base is not None and base is not model
+    sharded = type(head.weight).__name__ != "Parameter" or type(head.weight.data).__name__ == "DTensor"  # FSDP2
+    return not scaled and not sharded and base is not None and base is not model
 
 
 def _new_cache(model: Any) -> Any:
@@ -109,37 +110,68 @@ def _new_cache(model: Any) -> Any:
         return DynamicCache()
 
 
-def completion_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
-                        *, temperature: float = 1.0, share_prompt: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities and entropies ``[B, C]`` (float32; 0 where ``attention_mask`` is 0) of the last
-    ``C = completion_length`` tokens of ``input_ids [B, P + C]`` given everything before them, at ``temperature``:
-    the quantity TRL's loss reads (``_get_per_token_logps_and_entropies``), with the same positions (the model's
-    default, ``0..P+C-1``) and masks.
+def completion_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
+                      *, share_prompt: bool = True, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, C, H]``: the backbone's last hidden state at the positions that predict the last ``C =
+    completion_length`` tokens of ``input_ids [B, P + C]`` (positions ``P - 1 .. P + C - 2``), the input of the LM
+    head there. ``position_ids`` ``[B, P + C]``: the model's default (``0..P+C-1``) when None.
 
-    ``share_prompt``: rows whose first ``P`` tokens and mask are equal are encoded once (see the module docstring);
-    with no repeated prompt, or ``P == 0``, it is one plain pass. Needs :func:`supports_fast_pass` and ``P >= 1``.
-    """
+    ``share_prompt``: rows whose first ``P`` tokens, mask and positions are equal are encoded once, their key/value
+    cache repeated for the rows (differentiable: gradients flow back into the one prompt pass); with no repeated
+    prompt it is one plain pass. Needs :func:`supports_fast_pass` and ``P >= 1``."""
     C = completion_length
     P = input_ids.shape[1] - C
     if P < 1:
         raise ValueError(f"completion_logprobs needs at least one prompt token, got {input_ids.shape[1]} tokens "
                          f"for a completion of {C}")
-    backbone, head = model.base_model, model.get_output_embeddings()
+    backbone = model.base_model
     prompt_ids, prompt_mask = input_ids[:, :P], attention_mask[:, :P]
-    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
-    first, inverse = distinct_rows(rows) if share_prompt else (None, None)
+    pos = {} if position_ids is None else {"position_ids": position_ids}
+    first = inverse = None
+    if share_prompt:
+        key = [prompt_ids, prompt_mask.to(prompt_ids.dtype)]
+        first, inverse = distinct_rows(torch.cat(key + ([] if position_ids is None else [position_ids[:, :P]]), 1))
     if first is not None and first.numel() < input_ids.shape[0]:
         cache = _new_cache(model)
+        head_pos = {k: v[first, :P] for k, v in pos.items()}
         prefix = backbone(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], past_key_values=cache,
-                          use_cache=True).last_hidden_state  # [U, P, H]
+                          use_cache=True, **head_pos).last_hidden_state  # [U, P, H]
         cache.batch_select_indices(inverse)  # each row's prompt keys/values: an indexed, differentiable copy
         rest = backbone(input_ids=input_ids[:, P:], attention_mask=attention_mask, past_key_values=cache,
-                        use_cache=True).last_hidden_state  # [B, C, H]
-        hidden = torch.cat([prefix[inverse, -1:], rest[:, :-1]], dim=1)
-    else:
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
-                          use_cache=False).last_hidden_state[:, P - 1:-1]
-    mask = attention_mask[:, P:].bool()
-    logp, entropy = head_logprobs(hidden[mask], head.weight, input_ids[:, P:][mask], temperature)
+                        use_cache=True, **{k: v[:, P:] for k, v in pos.items()}).last_hidden_state  # [B, C, H]
+        return torch.cat([prefix[inverse, -1:], rest[:, :-1]], dim=1)
+    return backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                    **pos).last_hidden_state[:, P - 1:-1]
+
+
+def completion_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
+                        *, temperature: float = 1.0, share_prompt: bool = True,
+                        position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities and entropies ``[B, C]`` (float32; 0 where ``attention_mask`` is 0) of the last
+    ``C = completion_length`` tokens of ``input_ids [B, P + C]`` given everything before them, at ``temperature``:
+    the quantity TRL's loss reads (``_get_per_token_logps_and_entropies``), with the same positions (the model's
+    default, ``0..P+C-1``, unless ``position_ids`` is given) and masks. The passes: :func:`completion_hidden`, then
+    :func:`head_logprobs` on the completion's real positions only."""
+    C = completion_length
+    hidden = completion_hidden(model, input_ids, attention_mask, C, share_prompt=share_prompt,
+                               position_ids=position_ids)
+    mask = attention_mask[:, -C:].bool()
+    logp, entropy = head_logprobs(hidden[mask], model.get_output_embeddings().weight, input_ids[:, -C:][mask],
+                                  temperature)
     zeros = torch.zeros(mask.shape, dtype=torch.float32, device=input_ids.device)
     return zeros.masked_scatter(mask, logp), zeros.masked_scatter(mask, entropy)
+
+
+@torch.no_grad()
+def head_kl(hidden_p: torch.Tensor, hidden_q: torch.Tensor, weight: torch.Tensor,
+            temperature: float = 1.0) -> torch.Tensor:
+    """``[N]`` float32 ``KL(p || q)`` (nats) between ``softmax(hidden_p @ weight^T / temperature)`` and the same of
+    ``hidden_q`` (both ``[N, H]``), row chunk by row chunk (never the ``[N, V]`` logits whole); no gradient."""
+    rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
+    w = weight.to(hidden_p.dtype)
+    out = torch.empty(hidden_p.shape[0], dtype=torch.float32, device=hidden_p.device)
+    for s in range(0, hidden_p.shape[0], rows):
+        lp = torch.log_softmax((hidden_p[s:s + rows] @ w.T).float() / temperature, dim=-1)
+        lq = torch.log_softmax((hidden_q[s:s + rows] @ w.T).float() / temperature, dim=-1)
+        out[s:s + rows] = (lp.exp() * (lp - lq)).sum(-1)
+    return out

@@ -19,6 +19,7 @@ import torch
 
 from oar.credit.batch import CreditBatch
 from oar.importance._common import scoring_mode
+from oar.teacher_forcing import completion_hidden, head_kl, supports_fast_pass
 
 SC_GRPO_PAPER = ("SC-GRPO, Learning from Own Solutions: Self-Conditioned Credit Assignment for RLVR, "
                  "arXiv 2606.18810")
@@ -44,10 +45,20 @@ def _left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor
     return ids, mask
 
 
+def _completion_hidden(model, prefix: list[list[int]], completion: torch.Tensor,
+                       completion_mask: torch.Tensor) -> torch.Tensor:
+    """``[b, T, H]`` hidden states before the LM head at every completion position, after each row's ``prefix``
+    (left-padded) and its completion (right-padded ``[b, T]``)."""
+    p_ids, p_mask = _left_pad(prefix, completion.device)
+    ids = torch.cat([p_ids, completion], dim=1)
+    am = torch.cat([p_mask, completion_mask.long()], dim=1)
+    return completion_hidden(model, ids, am, completion.shape[1], position_ids=(am.cumsum(dim=1) - 1).clamp_min(0))
+
+
 def _completion_logp(model, prefix: list[list[int]], completion: torch.Tensor, completion_mask: torch.Tensor,
                      temperature: float) -> torch.Tensor:
-    """``[b, T, V]`` float32 log-probs of the next token at every completion position, after each row's ``prefix``
-    (left-padded) and its completion (right-padded ``[b, T]``)."""
+    """``[b, T, V]`` float32 log-probs of the next token at every completion position (the path of a model whose
+    head :func:`oar.teacher_forcing.supports_fast_pass` does not take)."""
     p_ids, p_mask = _left_pad(prefix, completion.device)
     ids = torch.cat([p_ids, completion], dim=1)
     am = torch.cat([p_mask, completion_mask.long()], dim=1)
@@ -55,6 +66,18 @@ def _completion_logp(model, prefix: list[list[int]], completion: torch.Tensor, c
     T = completion.shape[1]
     logits = model(ids, attention_mask=am, position_ids=position_ids, logits_to_keep=T + 1).logits[:, :-1]
     return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def _kl(model, student: list[list[int]], teacher: list[list[int]], comp: torch.Tensor, cm: torch.Tensor,
+        temperature: float) -> torch.Tensor:
+    """``[b, T]`` KL(policy after ``student`` || policy after ``teacher``) at every completion position (0 off
+    ``cm``): with the LM head on the real completion positions only, in row chunks, for a plain causal LM."""
+    if not supports_fast_pass(model):
+        s, t = (_completion_logp(model, p, comp, cm, temperature) for p in (student, teacher))
+        return (s.exp() * (s - t)).sum(dim=-1) * cm
+    hs, ht = (_completion_hidden(model, p, comp, cm)[cm] for p in (student, teacher))
+    kl = head_kl(hs, ht, model.get_output_embeddings().weight, temperature)
+    return torch.zeros(cm.shape, dtype=torch.float32, device=comp.device).masked_scatter(cm, kl)
 
 
 def sc_grpo_scores(batch: CreditBatch, active: torch.Tensor | None = None, batch_size: int = 16,
@@ -77,11 +100,9 @@ def sc_grpo_scores(batch: CreditBatch, active: torch.Tensor | None = None, batch
         for i in range(0, len(rows), batch_size):
             idx = rows[i : i + batch_size]
             comp, cm = batch.completion_ids[idx], cmask[idx]
-            student = _completion_logp(batch.model, [prompts[r] for r in idx], comp, cm, temperature)
-            teacher = _completion_logp(batch.model, [prompts[r] + solutions[int(donors[r])] + prompts[r] for r in idx],
-                                       comp, cm, temperature)
-            kl = (student.exp() * (student - teacher)).sum(dim=-1).clamp_min(0.0)  # >= 0 up to rounding
-            out[idx] = kl * cm
+            kl = _kl(batch.model, [prompts[r] for r in idx],
+                     [prompts[r] + solutions[int(donors[r])] + prompts[r] for r in idx], comp, cm, temperature)
+            out[idx] = kl.clamp_min(0.0) * cm  # >= 0 up to rounding
     return out
 
 
