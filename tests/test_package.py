@@ -46,7 +46,8 @@ def test_doctor_runs():
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CORE = ("oar.advantages", "oar.reshape", "oar.steps", "oar.ranges", "oar.answer_span", "oar.probe", "oar.importance",
-        "oar.credit", "oar.distributed", "oar.attribution", "oar.files", "oar.cache", "oar.prompts", "oar.grading")
+        "oar.credit", "oar.distributed", "oar.attribution", "oar.files", "oar.cache", "oar.prompts", "oar.grading",
+        "oar.sampling", "oar.teacher_forcing")
 HEAVY = ("transformers", "trl", "verl", "datasets", "accelerate", "deepspeed")
 
 

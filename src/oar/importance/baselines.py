@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from oar.importance._common import check_inputs, scoring_mode
+from oar.teacher_forcing import head_logprobs, supports_fast_pass
 
 
 def uniform_scores(
@@ -48,7 +49,8 @@ def entropy_scores(
     batch_size: int | None = None,
 ) -> torch.Tensor:
     """``[B, L]`` float32: entropy (nats) of the policy's next-token distribution that produced each
-    reasoning token (logits at position t-1), 0 elsewhere. One no-grad forward per ``batch_size`` rows."""
+    reasoning token (logits at position t-1), 0 elsewhere. One no-grad forward per ``batch_size`` rows; for a plain
+    causal LM (:func:`oar.teacher_forcing.supports_fast_pass`) the head runs only where a reasoning token is read."""
     check_inputs(input_ids, attention_mask, reasoning_mask, answer_mask)
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -57,6 +59,7 @@ def entropy_scores(
     B = input_ids.shape[0]
     scores = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     step = batch_size or max(B, 1)
+    fast = supports_fast_pass(model)
     with torch.no_grad(), scoring_mode(model):
         for i in range(0, B, step):
             sl = slice(i, i + step)
@@ -64,9 +67,14 @@ def entropy_scores(
                 continue
             am = attention_mask[sl]
             position_ids = (am.long().cumsum(dim=1) - 1).clamp_min(0)
-            logits = model(input_ids[sl][:, :-1], attention_mask=am[:, :-1],
-                           position_ids=position_ids[:, :-1]).logits.float()
-            logp = torch.log_softmax(logits, dim=-1)
+            inputs = dict(input_ids=input_ids[sl][:, :-1], attention_mask=am[:, :-1], position_ids=position_ids[:, :-1])
+            if fast:  # the head at the reasoning-predicting positions only, in chunks (no [b, L, V] logits)
+                m = reasoning_mask[sl, 1:]
+                hidden = model.base_model(**inputs).last_hidden_state[m]
+                _, entropy = head_logprobs(hidden, model.get_output_embeddings().weight, input_ids[sl][:, 1:][m])
+                scores[sl, 1:] = scores[sl, 1:].masked_scatter(m, entropy)
+                continue
+            logp = torch.log_softmax(model(**inputs).logits.float(), dim=-1)
             entropy = -(logp.exp() * logp).sum(dim=-1)
             scores[sl, 1:] = entropy * reasoning_mask[sl, 1:]
     return scores
